@@ -1,0 +1,21 @@
+//! idem's store API: the types, the pure per-key state machine, the record
+//! codec and (behind the `testkit` feature) the conformance suite that every
+//! backend passes.
+//!
+//! This crate does no I/O and knows no backend: backends bring the clock, the
+//! transactions and the bytes on disk.
+
+pub mod codec;
+pub mod fingerprint;
+pub mod machine;
+pub mod outcome;
+pub mod store;
+pub mod types;
+
+#[cfg(feature = "testkit")]
+pub mod testkit;
+
+pub use codec::{CodecError, decode_record, encode_record};
+pub use outcome::{Acquired, ClaimOutcome, ClaimRequest, Fenced, HeldLease, PurgeReport};
+pub use store::{BoxError, IdempotencyStore, PURGE_BATCH_MAX, StoreError};
+pub use types::*;

@@ -1,0 +1,128 @@
+//! Runs the conformance suite against the smallest possible store: the pure
+//! state machine over a mutex-guarded map. It checks the suite and the
+//! machine together, before any backend adds I/O; it is not a backend.
+
+use async_trait::async_trait;
+use std::collections::{BTreeMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{SystemTime, UNIX_EPOCH};
+use store_core::machine::{self, Found, Step, Write};
+use store_core::testkit::SharedStore;
+use store_core::*;
+
+type Slot = (CallerId, KeyDigest);
+
+struct MemoryStore {
+    policy: Policy,
+    state: Mutex<(BTreeMap<Slot, Record>, HashSet<Slot>)>,
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+impl MemoryStore {
+    fn apply<O>(
+        &self,
+        caller: &CallerId,
+        key: &IdempotencyKey,
+        transition: impl FnOnce(Found<'_>, u64) -> Step<O>,
+    ) -> O {
+        let slot = (caller.clone(), key.digest());
+        let mut guard = self.state.lock().unwrap();
+        let (records, tombstones) = &mut *guard;
+        let found = match records.get(&slot) {
+            Some(record) => Found::Record(record),
+            None if tombstones.contains(&slot) => Found::Tombstone,
+            None => Found::Nothing,
+        };
+        let step = transition(found, now_ms());
+        match step.write {
+            Write::Nothing => {}
+            Write::Put(record) => {
+                records.insert(slot, record);
+            }
+            Write::Delete => {
+                records.remove(&slot);
+            }
+        }
+        step.outcome
+    }
+}
+
+#[async_trait]
+impl IdempotencyStore for MemoryStore {
+    fn backend_name(&self) -> &'static str {
+        "memory"
+    }
+    async fn claim(&self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
+        Ok(self.apply(&request.caller, &request.key, |found, now| {
+            machine::claim(found, request, now, &self.policy)
+        }))
+    }
+    async fn checkpoint(&self, lease: &HeldLease, point: RecoveryPoint) -> Result<Fenced, StoreError> {
+        Ok(self.apply(&lease.caller, &lease.key, |found, now| {
+            machine::checkpoint(found, lease.token, point, now)
+        }))
+    }
+    async fn complete(&self, lease: &HeldLease, response: SavedResponse) -> Result<Fenced, StoreError> {
+        Ok(self.apply(&lease.caller, &lease.key, |found, now| {
+            machine::complete(found, lease.token, response, now, &self.policy)
+        }))
+    }
+    async fn release(&self, lease: &HeldLease) -> Result<Fenced, StoreError> {
+        Ok(self.apply(&lease.caller, &lease.key, |found, now| {
+            machine::release(found, lease.token, now)
+        }))
+    }
+    async fn abandon(&self, lease: &HeldLease) -> Result<Fenced, StoreError> {
+        Ok(self.apply(&lease.caller, &lease.key, |found, now| {
+            machine::abandon(found, lease.token, now)
+        }))
+    }
+    async fn purge_expired(&self, limit: usize) -> Result<PurgeReport, StoreError> {
+        let mut guard = self.state.lock().unwrap();
+        let (records, tombstones) = &mut *guard;
+        let now = now_ms();
+        let due: Vec<Slot> = records
+            .iter()
+            .filter(|(_, r)| machine::is_purgeable(r, now))
+            .map(|(s, _)| s.clone())
+            .take(limit + 1)
+            .collect();
+        let more = due.len() > limit;
+        for slot in due.into_iter().take(limit) {
+            records.remove(&slot);
+            tombstones.insert(slot);
+        }
+        Ok(PurgeReport {
+            records_purged: 0,
+            tombstones_purged: 0,
+            more,
+        })
+    }
+    async fn inspect(&self, caller: &CallerId, key: &IdempotencyKey) -> Result<Option<Record>, StoreError> {
+        Ok(self
+            .state
+            .lock()
+            .unwrap()
+            .0
+            .get(&(caller.clone(), key.digest()))
+            .cloned())
+    }
+    async fn ping(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+}
+
+async fn memory_store(policy: Policy) -> SharedStore {
+    Arc::new(MemoryStore {
+        policy,
+        state: Mutex::default(),
+    })
+}
+
+store_core::conformance_tests!(memory_store);
