@@ -225,6 +225,33 @@ pub fn checkpoint(found: Found<'_>, token: LeaseToken, point: RecoveryPoint, now
     }
 }
 
+/// Who may complete a record, checked before any effect runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CompletionFence<'a> {
+    /// The token holds the started record: run the effect, then complete.
+    Held,
+    /// This token completed the record already (an earlier try whose commit
+    /// outcome was unknown): report success, run and write nothing.
+    CompletedByThisToken(&'a SavedResponse),
+    /// Another attempt owns the record, or it is gone.
+    Lost,
+}
+
+pub fn completion_fence(found: Found<'_>, token: LeaseToken, now_ms: u64) -> CompletionFence<'_> {
+    if let Some(Record {
+        state: RecordState::Completed { response, completed_by },
+        ..
+    }) = found.live(now_ms)
+        && *completed_by == token
+    {
+        return CompletionFence::CompletedByThisToken(response);
+    }
+    match held_by(found, token, now_ms) {
+        Some(_) => CompletionFence::Held,
+        None => CompletionFence::Lost,
+    }
+}
+
 /// Save the response and end the lease; retention restarts now.
 pub fn complete(
     found: Found<'_>,
@@ -233,30 +260,26 @@ pub fn complete(
     now_ms: u64,
     policy: &Policy,
 ) -> Step<Fenced> {
-    if let Some(Record {
-        state: RecordState::Completed { completed_by, .. },
-        ..
-    }) = found.live(now_ms)
-        && *completed_by == token
-    {
-        // This attempt's own completion, committed by an earlier try whose
-        // outcome was unknown: report success and write nothing.
-        return Step::answer(Fenced::Applied(()));
-    }
-    let Some(record) = held_by(found, token, now_ms) else {
-        return lease_lost();
-    };
-    let updated = Record {
-        state: RecordState::Completed {
-            response,
-            completed_by: token,
-        },
-        expires_at_ms: now_ms + policy.retention_ms(),
-        ..record.clone()
-    };
-    Step {
-        write: Write::Put(updated),
-        outcome: Fenced::Applied(()),
+    match completion_fence(found, token, now_ms) {
+        CompletionFence::CompletedByThisToken(_) => Step::answer(Fenced::Applied(())),
+        CompletionFence::Lost => lease_lost(),
+        CompletionFence::Held => {
+            let Found::Record(record) = found else {
+                return lease_lost();
+            };
+            let updated = Record {
+                state: RecordState::Completed {
+                    response,
+                    completed_by: token,
+                },
+                expires_at_ms: now_ms + policy.retention_ms(),
+                ..record.clone()
+            };
+            Step {
+                write: Write::Put(updated),
+                outcome: Fenced::Applied(()),
+            }
+        }
     }
 }
 

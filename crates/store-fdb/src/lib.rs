@@ -1,0 +1,31 @@
+//! idem's FDB-style transactional store.
+//!
+//! The store ([`FdbStore`]) is written once against FoundationDB's
+//! transaction model ([`engine`]): point and range reads, set, clear,
+//! clear_range, and a retry loop that knows a commit may have happened even
+//! when it reported an error. It runs on the embedded engine ([`embedded`],
+//! fjall, zero set-up) and on a FoundationDB cluster. The key record and the
+//! business effect commit in one transaction ([`FdbStore::complete_with`]).
+
+pub mod embedded;
+pub mod engine;
+pub mod keys;
+pub mod store;
+
+pub use embedded::{Durability, EmbeddedConfig, EmbeddedEngine, FaultPlan};
+pub use engine::{Engine, EngineError, EngineErrorKind, MaybeCommitted, RunOptions, Transaction, TxError};
+pub use keys::KeyLayout;
+pub use store::FdbStore;
+
+/// The FDB-style store on the embedded engine.
+pub type EmbeddedStore = FdbStore<EmbeddedEngine>;
+
+/// Key prefix used when the configuration names none.
+pub const KEY_PREFIX_DEFAULT: &[u8] = b"idem";
+
+impl EmbeddedStore {
+    /// Opens (or creates) an embedded store in `config.path`.
+    pub fn open_embedded(config: &EmbeddedConfig, policy: store_core::Policy) -> Result<Self, store_core::StoreError> {
+        Ok(FdbStore::new(EmbeddedEngine::open(config)?, KEY_PREFIX_DEFAULT, policy))
+    }
+}

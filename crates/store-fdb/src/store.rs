@@ -1,0 +1,381 @@
+//! The store, written once against [`Engine`]: every transition is one
+//! transaction that reads the record, runs store-core's pure state machine
+//! and applies its single write.
+//!
+//! Every transaction here is idempotent under retry, which is how
+//! `commit_unknown_result` is handled without FoundationDB's experimental
+//! `automatic_idempotency`: the lease token is made before the first attempt,
+//! and a retry reads the record and recognises its own earlier write (a
+//! re-sent claim finds its token and gets the same lease; a completion finds
+//! the record completed by its token; an abandon finds nothing to delete).
+
+use crate::engine::{Engine, EngineError, MaybeCommitted, RunOptions, Transaction, TxError};
+use crate::keys::{KIND_RECORD, KIND_TOMBSTONE, KeyLayout, RECORD_CHUNK_BYTES_MAX, RECORD_CHUNKS_MAX, Slot};
+use async_trait::async_trait;
+use futures::future::BoxFuture;
+use std::future::Future;
+use std::time::{SystemTime, UNIX_EPOCH};
+use store_core::machine::{self, CompletionFence, Found, Step, Write};
+use store_core::{
+    CallerId, ClaimOutcome, ClaimRequest, Fenced, HeldLease, IdempotencyKey, IdempotencyStore, PURGE_BATCH_MAX, Policy,
+    PurgeReport, Record, RecoveryPoint, SavedResponse, StoreError, decode_record, encode_record,
+};
+
+/// Index entries one purge transaction handles: small enough that reading
+/// their records stays far below FoundationDB's 5 s and 10 MB limits.
+pub const PURGE_ENTRIES_PER_TRANSACTION: usize = 64;
+
+/// Milliseconds since the Unix epoch by this process's clock. FoundationDB
+/// has no server clock, so leases are timed by the application servers' own
+/// clocks on both engines; skew between servers shortens or lengthens a
+/// lease, while the lease token keeps every write fenced regardless.
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|elapsed| elapsed.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+pub struct FdbStore<E: Engine> {
+    engine: E,
+    layout: KeyLayout,
+    policy: Policy,
+    run_options: RunOptions,
+}
+
+/// What a transaction found under a slot.
+struct Existing {
+    record: Option<Record>,
+    /// Expiry of a live tombstone, when there is no record.
+    tombstone_expires_at_ms: Option<u64>,
+}
+
+impl Existing {
+    fn found(&self) -> Found<'_> {
+        match (&self.record, self.tombstone_expires_at_ms) {
+            (Some(record), _) => Found::Record(record),
+            (None, Some(_)) => Found::Tombstone,
+            (None, None) => Found::Nothing,
+        }
+    }
+}
+
+impl<E: Engine> FdbStore<E> {
+    /// `prefix` is the bytes every key of this store starts with.
+    pub fn new(engine: E, prefix: &[u8], policy: Policy) -> Self {
+        Self {
+            engine,
+            layout: KeyLayout::new(prefix),
+            policy,
+            run_options: RunOptions::default(),
+        }
+    }
+
+    pub fn with_run_options(mut self, run_options: RunOptions) -> Self {
+        self.run_options = run_options;
+        self
+    }
+
+    pub fn engine(&self) -> &E {
+        &self.engine
+    }
+
+    pub fn layout(&self) -> &KeyLayout {
+        &self.layout
+    }
+
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// Runs an effect and the completion of its record in one transaction,
+    /// only while `lease` still holds: the handler-level API for work whose
+    /// rows must commit with the key (the seed's transaction 2).
+    ///
+    /// The fence is checked before the effect runs, so an attempt that lost
+    /// its lease runs nothing. The effect writes its rows (under
+    /// [`KeyLayout::effects`]) and returns the response to save. The call
+    /// returns the saved response: this run's, or, when an earlier try of
+    /// this same call committed with an unknown result, that try's, without
+    /// running the effect again.
+    ///
+    /// The future is boxed so that it is `Send` by construction: callers
+    /// spawn it on multi-threaded runtimes, and the compiler cannot always
+    /// prove `Send` through the nested closures at the spawn site.
+    pub fn complete_with<'a, F, Fut>(
+        &'a self,
+        lease: &'a HeldLease,
+        effect: F,
+    ) -> BoxFuture<'a, Result<Fenced<SavedResponse>, StoreError>>
+    where
+        F: Fn(E::Tx) -> Fut + Send + Sync + 'a,
+        Fut: Future<Output = Result<SavedResponse, TxError>> + Send + 'a,
+    {
+        Box::pin(async move {
+            let slot = &self.layout.slot(&lease.caller, lease.key.digest());
+            let effect = &effect;
+            self.engine
+                .run(self.run_options, |tx, _maybe_committed: MaybeCommitted| async move {
+                    let now = now_ms();
+                    let existing = self.read_existing(&tx, slot, now).await?;
+                    match machine::completion_fence(existing.found(), lease.token, now) {
+                        CompletionFence::CompletedByThisToken(saved) => return Ok(Fenced::Applied(saved.clone())),
+                        CompletionFence::Lost => return Ok(Fenced::LeaseLost),
+                        CompletionFence::Held => {}
+                    }
+                    let response = effect(tx.clone()).await?;
+                    let step = machine::complete(existing.found(), lease.token, response.clone(), now, &self.policy);
+                    assert!(
+                        step.outcome.is_applied(),
+                        "the fence held, so the completion must apply"
+                    );
+                    self.apply(&tx, slot, &existing, step.write).await?;
+                    Ok(Fenced::Applied(response))
+                })
+                .await
+        })
+    }
+
+    /// One transition of one key, in one transaction.
+    async fn transition<O, S>(&self, caller: &CallerId, key: &IdempotencyKey, transition: S) -> Result<O, StoreError>
+    where
+        O: Send,
+        S: Fn(Found<'_>, u64) -> Step<O> + Send + Sync,
+    {
+        let slot = &self.layout.slot(caller, key.digest());
+        let transition = &transition;
+        self.engine
+            .run(self.run_options, |tx, _maybe_committed: MaybeCommitted| async move {
+                let now = now_ms();
+                let existing = self.read_existing(&tx, slot, now).await?;
+                let step = transition(existing.found(), now);
+                self.apply(&tx, slot, &existing, step.write).await?;
+                Ok(step.outcome)
+            })
+            .await
+    }
+
+    async fn read_existing(&self, tx: &E::Tx, slot: &Slot, now: u64) -> Result<Existing, TxError> {
+        let record = read_record(tx, slot).await?;
+        let tombstone_expires_at_ms = match record {
+            Some(_) => None,
+            None => read_tombstone(tx, slot).await?.filter(|&expires| expires > now),
+        };
+        Ok(Existing {
+            record,
+            tombstone_expires_at_ms,
+        })
+    }
+
+    async fn apply(&self, tx: &E::Tx, slot: &Slot, existing: &Existing, write: Write) -> Result<(), TxError> {
+        match write {
+            Write::Nothing => Ok(()),
+            Write::Put(record) => {
+                if let Some(tombstone_expires) = existing.tombstone_expires_at_ms {
+                    tx.clear(&slot.tombstone_key)?;
+                    tx.clear(&self.layout.expiry_key(slot, tombstone_expires, KIND_TOMBSTONE))?;
+                }
+                self.write_record(tx, slot, existing.record.as_ref(), &record).await
+            }
+            Write::Delete => self.delete_record(tx, slot, existing.record.as_ref()).await,
+        }
+    }
+
+    async fn write_record(&self, tx: &E::Tx, slot: &Slot, old: Option<&Record>, new: &Record) -> Result<(), TxError> {
+        let bytes = encode_record(new);
+        let chunks: Vec<&[u8]> = bytes.chunks(RECORD_CHUNK_BYTES_MAX).collect();
+        if chunks.len() > RECORD_CHUNKS_MAX {
+            let detail = format!(
+                "record of {} bytes needs more than {RECORD_CHUNKS_MAX} chunks",
+                bytes.len()
+            );
+            return Err(TxError::Abort(StoreError::TooLarge(detail)));
+        }
+        if let Some(old) = old {
+            self.delete_record(tx, slot, Some(old)).await?;
+        }
+        for (index, chunk) in chunks.iter().enumerate() {
+            tx.set(&self.layout.record_chunk_key(slot, index), chunk)?;
+        }
+        tx.set(&self.layout.expiry_key(slot, new.expires_at_ms, KIND_RECORD), &[])?;
+        Ok(())
+    }
+
+    async fn delete_record(&self, tx: &E::Tx, slot: &Slot, old: Option<&Record>) -> Result<(), TxError> {
+        let (begin, end) = slot.record.range();
+        tx.clear_range(&begin, &end).await?;
+        if let Some(old) = old {
+            tx.clear(&self.layout.expiry_key(slot, old.expires_at_ms, KIND_RECORD))?;
+        }
+        Ok(())
+    }
+
+    /// One purge transaction over one shard: up to `limit` due index entries.
+    /// Returns (records purged, tombstones purged, entries seen).
+    async fn purge_shard_batch(&self, shard: u16, limit: usize) -> Result<(u64, u64, usize), StoreError> {
+        self.engine
+            .run(self.run_options, |tx, _maybe_committed: MaybeCommitted| async move {
+                let now = now_ms();
+                let (begin, end) = self.layout.expiry_due_range(shard, now);
+                let entries = tx.get_range(&begin, &end, limit).await?;
+                let (mut records, mut tombstones) = (0, 0);
+                for (index_key, _) in &entries {
+                    tx.clear(index_key)?;
+                    let Some((expires_at_ms, kind, slot)) = self.layout.parse_expiry_key(index_key) else {
+                        continue;
+                    };
+                    if kind == KIND_RECORD {
+                        records += u64::from(self.purge_record(&tx, &slot, expires_at_ms, now).await?);
+                    } else {
+                        tombstones += u64::from(self.purge_tombstone(&tx, &slot, expires_at_ms, now).await?);
+                    }
+                }
+                Ok((records, tombstones, entries.len()))
+            })
+            .await
+    }
+
+    /// Deletes the record behind an index entry after re-checking that it
+    /// is still the record the entry describes and that it has expired, and
+    /// leaves a tombstone so a late retry is noticed.
+    async fn purge_record(&self, tx: &E::Tx, slot: &Slot, expires_at_ms: u64, now: u64) -> Result<bool, TxError> {
+        let Some(record) = read_record(tx, slot).await? else {
+            return Ok(false);
+        };
+        if record.expires_at_ms != expires_at_ms || !machine::is_purgeable(&record, now) {
+            return Ok(false);
+        }
+        let (begin, end) = slot.record.range();
+        tx.clear_range(&begin, &end).await?;
+        let tombstone_expires = record.expires_at_ms.saturating_add(self.policy.tombstone_ms());
+        if tombstone_expires > now {
+            tx.set(&slot.tombstone_key, &tombstone_expires.to_be_bytes())?;
+            tx.set(&self.layout.expiry_key(slot, tombstone_expires, KIND_TOMBSTONE), &[])?;
+        }
+        Ok(true)
+    }
+
+    async fn purge_tombstone(&self, tx: &E::Tx, slot: &Slot, expires_at_ms: u64, now: u64) -> Result<bool, TxError> {
+        let current = read_tombstone(tx, slot).await?;
+        if current != Some(expires_at_ms) || expires_at_ms > now {
+            return Ok(false);
+        }
+        tx.clear(&slot.tombstone_key)?;
+        Ok(true)
+    }
+}
+
+async fn read_record<T: Transaction>(tx: &T, slot: &Slot) -> Result<Option<Record>, TxError> {
+    let (begin, end) = slot.record.range();
+    let chunks = tx.get_range(&begin, &end, RECORD_CHUNKS_MAX + 1).await?;
+    if chunks.is_empty() {
+        return Ok(None);
+    }
+    if chunks.len() > RECORD_CHUNKS_MAX {
+        let detail = format!("record has more than {RECORD_CHUNKS_MAX} chunks");
+        return Err(TxError::Abort(StoreError::Corrupt(store_core::CodecError::Malformed(
+            detail,
+        ))));
+    }
+    let bytes: Vec<u8> = chunks.into_iter().flat_map(|(_, value)| value).collect();
+    Ok(Some(decode_record(&bytes)?))
+}
+
+async fn read_tombstone<T: Transaction>(tx: &T, slot: &Slot) -> Result<Option<u64>, TxError> {
+    let Some(value) = tx.get(&slot.tombstone_key).await? else {
+        return Ok(None);
+    };
+    let bytes: [u8; 8] = value.as_slice().try_into().map_err(|_| {
+        TxError::Abort(StoreError::Corrupt(store_core::CodecError::Malformed(
+            "tombstone is not 8 bytes".into(),
+        )))
+    })?;
+    Ok(Some(u64::from_be_bytes(bytes)))
+}
+
+#[async_trait]
+impl<E: Engine> IdempotencyStore for FdbStore<E> {
+    fn backend_name(&self) -> &'static str {
+        self.engine.name()
+    }
+
+    async fn claim(&self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
+        self.transition(&request.caller, &request.key, |found, now| {
+            machine::claim(found, request, now, &self.policy)
+        })
+        .await
+    }
+
+    async fn checkpoint(&self, lease: &HeldLease, point: RecoveryPoint) -> Result<Fenced, StoreError> {
+        self.transition(&lease.caller, &lease.key, |found, now| {
+            machine::checkpoint(found, lease.token, point.clone(), now)
+        })
+        .await
+    }
+
+    async fn complete(&self, lease: &HeldLease, response: SavedResponse) -> Result<Fenced, StoreError> {
+        self.transition(&lease.caller, &lease.key, |found, now| {
+            machine::complete(found, lease.token, response.clone(), now, &self.policy)
+        })
+        .await
+    }
+
+    async fn release(&self, lease: &HeldLease) -> Result<Fenced, StoreError> {
+        self.transition(&lease.caller, &lease.key, |found, now| {
+            machine::release(found, lease.token, now)
+        })
+        .await
+    }
+
+    async fn abandon(&self, lease: &HeldLease) -> Result<Fenced, StoreError> {
+        self.transition(&lease.caller, &lease.key, |found, now| {
+            machine::abandon(found, lease.token, now)
+        })
+        .await
+    }
+
+    async fn purge_expired(&self, limit: usize) -> Result<PurgeReport, StoreError> {
+        let limit = limit.min(PURGE_BATCH_MAX);
+        let mut report = PurgeReport::default();
+        let mut handled = 0;
+        for shard in 0..crate::keys::EXPIRY_SHARDS {
+            while handled < limit {
+                let batch = PURGE_ENTRIES_PER_TRANSACTION.min(limit - handled);
+                let (records, tombstones, seen) = self.purge_shard_batch(shard, batch).await?;
+                report.records_purged += records;
+                report.tombstones_purged += tombstones;
+                handled += seen;
+                if seen < batch {
+                    break;
+                }
+            }
+        }
+        report.more = handled >= limit;
+        Ok(report)
+    }
+
+    async fn inspect(&self, caller: &CallerId, key: &IdempotencyKey) -> Result<Option<Record>, StoreError> {
+        let slot = &self.layout.slot(caller, key.digest());
+        self.engine
+            .run(self.run_options, |tx, _maybe_committed: MaybeCommitted| async move {
+                read_record(&tx, slot).await
+            })
+            .await
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        let probe = self.layout.effects().pack(&("ping",));
+        let probe = &probe;
+        self.engine
+            .run(self.run_options, |tx, _maybe_committed: MaybeCommitted| async move {
+                tx.get(probe).await.map(|_| ()).map_err(TxError::from)
+            })
+            .await
+    }
+}
+
+impl From<EngineError> for StoreError {
+    fn from(error: EngineError) -> Self {
+        error.into_store_error()
+    }
+}
