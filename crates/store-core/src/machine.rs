@@ -28,7 +28,10 @@
 //! | expired             | purge                  |                             | delete           |                |
 //!
 //! A record whose `expires_at_ms` has passed counts as absent everywhere,
-//! whether or not the sweeper has deleted it yet.
+//! whether or not the sweeper has deleted it yet, and a claim over it is
+//! reported late. Tombstones are the backend's business: a sweeping backend
+//! writes one when it purges a record; a TTL backend (Redis) writes it ahead,
+//! with the record, timed to outlive it.
 
 use crate::outcome::{Acquired, ClaimOutcome, ClaimRequest, Fenced, HeldLease};
 use crate::types::{Lease, LeaseToken, Policy, Record, RecordState, RecoveryPoint, SavedResponse};

@@ -12,9 +12,11 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 /// Errors shared by all backends; backend detail is boxed inside.
 ///
-/// Retryable kinds ([`StoreError::is_retryable`]) mean nothing was decided:
-/// the same call may be made again with the same arguments. Permanent kinds
-/// mean the same call will fail again.
+/// Retryable kinds ([`StoreError::is_retryable`]) mean the call may or may
+/// not have taken effect (a timeout can hide a write that happened) and may
+/// be made again with the same arguments: every store operation is
+/// idempotent for the same lease token. Permanent kinds mean the same call
+/// will fail again.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     /// The store could not be reached or did not answer in time.
@@ -96,7 +98,9 @@ pub trait IdempotencyStore: Send + Sync {
     /// Validation failed before any effect: delete the record.
     async fn abandon(&self, lease: &HeldLease) -> Result<Fenced, StoreError>;
 
-    /// Delete at most `limit` expired records (and expired tombstones).
+    /// Delete at most `limit` expired records (and expired tombstones);
+    /// `limit` 0 does nothing. Backends whose records expire by themselves
+    /// (Redis TTLs) report nothing to do.
     async fn purge_expired(&self, limit: usize) -> Result<PurgeReport, StoreError>;
 
     /// Read one record, for operators and tests. Expired records are

@@ -322,6 +322,35 @@ pub async fn purge_removes_only_expired_records_and_leaves_a_tombstone(store: Sh
     assert!(!late.takeover);
 }
 
+pub async fn an_expired_record_counts_as_late_before_any_purge(store: SharedStore) {
+    let caller = unique_caller();
+    let first = acquire(&store, &claim_request(&caller, "k", "a")).await;
+    applied(store.complete(&first.lease, response(1)).await);
+    sleep_ms(TEST_RETENTION_MS + 200).await;
+    let again = acquire(&store, &claim_request(&caller, "k", "a")).await;
+    assert!(
+        again.late_key,
+        "a claim after the retention window must be reported late, swept or not"
+    );
+    assert!(!again.takeover);
+}
+
+pub async fn a_late_key_stays_late_after_an_abandoned_reclaim(store: SharedStore) {
+    let caller = unique_caller();
+    let first = acquire(&store, &claim_request(&caller, "k", "a")).await;
+    applied(store.complete(&first.lease, response(1)).await);
+    sleep_ms(TEST_RETENTION_MS + 200).await;
+    while store.purge_expired(100).await.expect("purge").more {}
+    let late = acquire(&store, &claim_request(&caller, "k", "bad")).await;
+    assert!(late.late_key);
+    applied(store.abandon(&late.lease).await);
+    let corrected = acquire(&store, &claim_request(&caller, "k", "good")).await;
+    assert!(
+        corrected.late_key,
+        "abandoning a late claim must not erase the evidence that the key was purged"
+    );
+}
+
 pub async fn storm_of_concurrent_claims_yields_exactly_one_acquired(store: SharedStore) {
     let caller = unique_caller();
     let barrier = Arc::new(tokio::sync::Barrier::new(STORM_CLAIMS));
@@ -371,6 +400,8 @@ macro_rules! conformance_tests {
             largest_response_round_trips,
             the_same_key_under_two_callers_never_collides,
             purge_removes_only_expired_records_and_leaves_a_tombstone,
+            an_expired_record_counts_as_late_before_any_purge,
+            a_late_key_stays_late_after_an_abandoned_reclaim,
             storm_of_concurrent_claims_yields_exactly_one_acquired
         );
 

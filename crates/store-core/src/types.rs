@@ -181,7 +181,9 @@ impl fmt::Display for LeaseToken {
     }
 }
 
-/// How long leases, records and tombstones live.
+/// How long leases, records and tombstones live. A tombstone window of 0
+/// keeps no tombstones (late keys are then only noticed while an expired
+/// record has not been swept yet).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Policy {
     lease_ms: u64,

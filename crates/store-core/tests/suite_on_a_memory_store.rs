@@ -94,12 +94,13 @@ impl IdempotencyStore for MemoryStore {
             .take(limit + 1)
             .collect();
         let more = due.len() > limit;
+        let records_purged = due.len().min(limit) as u64;
         for slot in due.into_iter().take(limit) {
             records.remove(&slot);
             tombstones.insert(slot);
         }
         Ok(PurgeReport {
-            records_purged: 0,
+            records_purged,
             tombstones_purged: 0,
             more,
         })

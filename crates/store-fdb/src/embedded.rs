@@ -15,7 +15,7 @@ use fjall::{KeyspaceCreateOptions, OptimisticTxDatabase, OptimisticTxKeyspace, P
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use store_core::StoreError;
 
@@ -40,11 +40,12 @@ pub enum Durability {
 }
 
 impl Durability {
-    fn persist_mode(self) -> PersistMode {
+    /// The sync a commit waits for, if any.
+    fn sync_mode(self) -> Option<PersistMode> {
         match self {
-            Durability::SyncData => PersistMode::SyncData,
-            Durability::SyncAll => PersistMode::SyncAll,
-            Durability::Buffer => PersistMode::Buffer,
+            Durability::SyncData => Some(PersistMode::SyncData),
+            Durability::SyncAll => Some(PersistMode::SyncAll),
+            Durability::Buffer => None,
         }
     }
 }
@@ -155,7 +156,59 @@ pub struct EmbeddedEngine {
     database: OptimisticTxDatabase,
     keyspace: OptimisticTxKeyspace,
     durability: Durability,
+    group_sync: Arc<GroupSync>,
     faults: Arc<FaultSwitch>,
+}
+
+/// Group commit: a transaction commits into the journal's OS buffers, then
+/// waits until an fdatasync that started after its commit has finished. One
+/// waiter at a time runs the sync for everyone committed so far, so under
+/// load many transactions share one sync instead of queueing for one each.
+/// (fjall syncs a journal before rotating it, so a sync never misses a
+/// commit that landed in the previous journal.)
+#[derive(Default)]
+struct GroupSync {
+    state: Mutex<GroupSyncState>,
+    synced: Condvar,
+}
+
+#[derive(Default)]
+struct GroupSyncState {
+    /// Commits that have reached the journal, numbered from 1.
+    committed: u64,
+    /// Every commit numbered up to here is durable.
+    synced: u64,
+    sync_running: bool,
+}
+
+impl GroupSync {
+    /// Called after a commit reached the journal; returns once `sync` has
+    /// completed a run that began after that commit.
+    fn wait_until_durable(&self, sync: impl Fn() -> Result<(), fjall::Error>) -> Result<(), fjall::Error> {
+        let poisoned = || fjall::Error::Poisoned;
+        let mut state = self.state.lock().map_err(|_| poisoned())?;
+        state.committed += 1;
+        let mine = state.committed;
+        while state.synced < mine {
+            if state.sync_running {
+                state = self.synced.wait(state).map_err(|_| poisoned())?;
+                continue;
+            }
+            state.sync_running = true;
+            let target = state.committed;
+            drop(state);
+            let result = sync();
+            state = self.state.lock().map_err(|_| poisoned())?;
+            state.sync_running = false;
+            if result.is_ok() {
+                assert!(target >= state.synced, "the durable watermark never moves back");
+                state.synced = target;
+            }
+            self.synced.notify_all();
+            result?;
+        }
+        Ok(())
+    }
 }
 
 fn io_error(error: impl std::fmt::Display) -> EngineError {
@@ -186,6 +239,7 @@ impl EmbeddedEngine {
             database,
             keyspace,
             durability: config.durability,
+            group_sync: Arc::default(),
             faults: Arc::new(faults),
         })
     }
@@ -212,7 +266,7 @@ impl EmbeddedEngine {
             .database
             .write_tx()
             .map_err(io_error)?
-            .durability(Some(self.durability.persist_mode()));
+            .durability(Some(PersistMode::Buffer));
         Ok(EmbeddedTx(Arc::new(TxState {
             inner: Mutex::new(Some(inner)),
             keyspace: self.keyspace.clone(),
@@ -241,13 +295,32 @@ impl EmbeddedEngine {
             }
             Fault::None | Fault::UnknownAfterCommit => {}
         }
-        let committed = tokio::task::spawn_blocking(move || inner.commit())
-            .await
-            .map_err(|error| io_error(format!("commit thread failed: {error}")))?;
+        let (database, group_sync, sync_mode) = (
+            self.database.clone(),
+            self.group_sync.clone(),
+            self.durability.sync_mode(),
+        );
+        // Ok(false) is a conflict: nothing was written.
+        let committed = tokio::task::spawn_blocking(move || -> Result<bool, fjall::Error> {
+            if inner.commit()?.is_err() {
+                return Ok(false);
+            }
+            if let Some(mode) = sync_mode {
+                group_sync.wait_until_durable(|| database.persist(mode))?;
+            }
+            Ok(true)
+        })
+        .await;
         match committed {
-            Ok(Ok(())) => {}
-            Ok(Err(_conflict)) => return Err(EngineError::new(EngineErrorKind::NotCommitted, "conflict")),
-            // An I/O error during commit leaves the outcome unknown.
+            Ok(Ok(true)) => {}
+            Ok(Ok(false)) => return Err(EngineError::new(EngineErrorKind::NotCommitted, "conflict")),
+            // An I/O error during commit or sync leaves the outcome unknown.
+            Ok(Err(error)) => {
+                return Err(EngineError::new(
+                    EngineErrorKind::CommitUnknownResult,
+                    error.to_string(),
+                ));
+            }
             Err(error) => {
                 return Err(EngineError::new(
                     EngineErrorKind::CommitUnknownResult,
@@ -460,4 +533,43 @@ impl EmbeddedEngine {
 fn backoff(attempt: u32) -> Duration {
     let cap = BACKOFF_MS_MIN.saturating_mul(1 << attempt.min(16)).min(BACKOFF_MS_MAX);
     Duration::from_millis(rand::random_range(1..=cap))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicU64;
+
+    #[test]
+    fn group_sync_shares_one_sync_among_concurrent_commits_and_never_returns_early() {
+        const THREADS: u64 = 8;
+        const COMMITS_PER_THREAD: u64 = 50;
+        let group = GroupSync::default();
+        let syncs = AtomicU64::new(0);
+        // What the last finished sync covered, as seen by the sync itself.
+        let durable = AtomicU64::new(0);
+        std::thread::scope(|scope| {
+            for _ in 0..THREADS {
+                scope.spawn(|| {
+                    for _ in 0..COMMITS_PER_THREAD {
+                        group
+                            .wait_until_durable(|| {
+                                let covered = group.state.lock().unwrap().committed;
+                                std::thread::sleep(Duration::from_millis(2));
+                                syncs.fetch_add(1, Ordering::SeqCst);
+                                durable.fetch_max(covered, Ordering::SeqCst);
+                                Ok(())
+                            })
+                            .unwrap();
+                        let mine_at_most = group.state.lock().unwrap().committed;
+                        assert!(durable.load(Ordering::SeqCst) >= 1 && mine_at_most >= 1);
+                    }
+                });
+            }
+        });
+        let total = THREADS * COMMITS_PER_THREAD;
+        assert_eq!(group.state.lock().unwrap().synced, total, "every commit ended durable");
+        let syncs = syncs.load(Ordering::SeqCst);
+        assert!(syncs < total / 2, "{syncs} syncs for {total} commits: no grouping");
+    }
 }

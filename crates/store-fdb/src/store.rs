@@ -170,13 +170,10 @@ impl<E: Engine> FdbStore<E> {
     async fn apply(&self, tx: &E::Tx, slot: &Slot, existing: &Existing, write: Write) -> Result<(), TxError> {
         match write {
             Write::Nothing => Ok(()),
-            Write::Put(record) => {
-                if let Some(tombstone_expires) = existing.tombstone_expires_at_ms {
-                    tx.clear(&slot.tombstone_key)?;
-                    tx.clear(&self.layout.expiry_key(slot, tombstone_expires, KIND_TOMBSTONE))?;
-                }
-                self.write_record(tx, slot, existing.record.as_ref(), &record).await
-            }
+            // A tombstone stays while its key is claimed again: if the new
+            // claim is abandoned, the key is still known to be late. Purge
+            // overwrites it when the new record expires in turn.
+            Write::Put(record) => self.write_record(tx, slot, existing.record.as_ref(), &record).await,
             Write::Delete => self.delete_record(tx, slot, existing.record.as_ref()).await,
         }
     }

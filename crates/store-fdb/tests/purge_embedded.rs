@@ -1,0 +1,93 @@
+//! Purge on the FDB-style store: bounded batches, tombstones that expire in
+//! their turn, and stale index entries that are repaired, not obeyed.
+
+use std::time::Duration;
+use store_core::{
+    CallerId, ClaimOutcome, ClaimRequest, Fingerprint, IdempotencyKey, IdempotencyStore, Policy, SavedResponse,
+};
+use store_fdb::{EmbeddedConfig, EmbeddedStore};
+
+const RETENTION_MS: u64 = 300;
+const TOMBSTONE_MS: u64 = 400;
+
+fn store() -> EmbeddedStore {
+    let policy = Policy::new(100, RETENTION_MS, TOMBSTONE_MS).unwrap();
+    EmbeddedStore::open_embedded(&EmbeddedConfig::temporary(), policy).unwrap()
+}
+
+async fn completed(store: &EmbeddedStore, caller: &CallerId, key: &str) -> ClaimRequest {
+    let request = ClaimRequest::new(caller.clone(), IdempotencyKey::new(key).unwrap(), Fingerprint([3; 32]));
+    let ClaimOutcome::Acquired(acquired) = store.claim(&request).await.unwrap() else {
+        panic!("not acquired")
+    };
+    let response = SavedResponse::new(200, vec![], b"done".to_vec()).unwrap();
+    assert!(store.complete(&acquired.lease, response).await.unwrap().is_applied());
+    request
+}
+
+#[tokio::test]
+async fn purge_works_in_bounded_batches_and_tombstones_expire_in_turn() {
+    let store = store();
+    let caller = CallerId::new("purge").unwrap();
+    for i in 0..10 {
+        completed(&store, &caller, &format!("k{i}")).await;
+    }
+    tokio::time::sleep(Duration::from_millis(RETENTION_MS + 50)).await;
+
+    let first = store.purge_expired(4).await.unwrap();
+    assert_eq!((first.records_purged, first.more), (4, true));
+    let rest = store.purge_expired(100).await.unwrap();
+    assert_eq!((rest.records_purged, rest.more), (6, false));
+    assert_eq!(
+        store.purge_expired(100).await.unwrap().records_purged,
+        0,
+        "nothing left to purge"
+    );
+
+    // Inside the tombstone window a repeat is reported late.
+    let late = ClaimRequest::new(caller.clone(), IdempotencyKey::new("k0").unwrap(), Fingerprint([3; 32]));
+    let ClaimOutcome::Acquired(acquired) = store.claim(&late).await.unwrap() else {
+        panic!()
+    };
+    assert!(acquired.late_key);
+
+    // After the window the tombstones are swept and a new key is just new.
+    tokio::time::sleep(Duration::from_millis(TOMBSTONE_MS + 50)).await;
+    let swept = store.purge_expired(100).await.unwrap();
+    assert_eq!(
+        swept.tombstones_purged, 9,
+        "k0's tombstone went when k0 was claimed again"
+    );
+    let again = ClaimRequest::new(caller.clone(), IdempotencyKey::new("k1").unwrap(), Fingerprint([3; 32]));
+    let ClaimOutcome::Acquired(acquired) = store.claim(&again).await.unwrap() else {
+        panic!()
+    };
+    assert!(!acquired.late_key);
+}
+
+#[tokio::test]
+async fn a_record_whose_retention_was_extended_is_not_purged_by_its_old_index_entry() {
+    let store = store();
+    let caller = CallerId::new("purge").unwrap();
+    let request = ClaimRequest::new(
+        caller.clone(),
+        IdempotencyKey::new("slow").unwrap(),
+        Fingerprint([4; 32]),
+    );
+    let ClaimOutcome::Acquired(acquired) = store.claim(&request).await.unwrap() else {
+        panic!()
+    };
+    // Complete just before the claim's expiry: retention restarts from now.
+    tokio::time::sleep(Duration::from_millis(RETENTION_MS - 100)).await;
+    let response = SavedResponse::new(200, vec![], b"late".to_vec()).unwrap();
+    assert!(
+        store
+            .complete(&acquired.lease, response.clone())
+            .await
+            .unwrap()
+            .is_applied()
+    );
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert_eq!(store.purge_expired(100).await.unwrap().records_purged, 0);
+    assert_eq!(store.claim(&request).await.unwrap(), ClaimOutcome::Replay(response));
+}

@@ -1,0 +1,214 @@
+//! Connection settings, their named defaults and limits, and the pool they build.
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use std::fmt;
+use std::time::Duration;
+use tokio_postgres::NoTls;
+
+/// Connections the pool keeps open at most.
+pub const POOL_SIZE_DEFAULT: usize = 16;
+/// Largest pool accepted; PostgreSQL's own default `max_connections` is 100.
+pub const POOL_SIZE_MAX: usize = 1_000;
+/// How long opening one connection (TCP connect and startup) may take.
+pub const CONNECT_TIMEOUT_MS_DEFAULT: u64 = 2_000;
+/// How long a call waits for a free pooled connection before giving up.
+pub const POOL_WAIT_TIMEOUT_MS_DEFAULT: u64 = 2_000;
+/// Server-side limit on one statement, lock waits included.
+pub const STATEMENT_TIMEOUT_MS_DEFAULT: u64 = 5_000;
+/// Server-side limit on a transaction sitting idle, so a client that vanished
+/// mid-transaction does not hold a row lock for long.
+pub const IDLE_IN_TRANSACTION_TIMEOUT_MS_DEFAULT: u64 = 30_000;
+/// Client-side limit on one transaction attempt, for when the server or the
+/// network stops answering altogether and no server-side timeout can fire.
+pub const OPERATION_TIMEOUT_MS_DEFAULT: u64 = 10_000;
+/// Longest any of the timeouts above may be set to.
+pub const TIMEOUT_MS_MAX: u64 = 10 * 60 * 1000;
+
+/// Where the database is and how long to wait for it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct PostgresConfig {
+    /// A libpq-style URL or key=value string, e.g.
+    /// `postgres://idem@127.0.0.1:5432/idem`.
+    pub url: String,
+    pub pool_size: usize,
+    pub connect_timeout_ms: u64,
+    pub pool_wait_timeout_ms: u64,
+    pub statement_timeout_ms: u64,
+    pub idle_in_transaction_timeout_ms: u64,
+    pub operation_timeout_ms: u64,
+}
+
+/// Why a [`PostgresConfig`] was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("database url is not valid: {0}")]
+    Url(#[source] tokio_postgres::Error),
+    #[error("pool size {0} is outside 1..={POOL_SIZE_MAX}")]
+    PoolSize(usize),
+    #[error("{name} is {value} ms; it must be between 1 and {TIMEOUT_MS_MAX}")]
+    Timeout { name: &'static str, value: u64 },
+    #[error("connection pool could not be built: {0}")]
+    Pool(String),
+}
+
+impl PostgresConfig {
+    /// A config for `url` with every other setting at its named default.
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            pool_size: POOL_SIZE_DEFAULT,
+            connect_timeout_ms: CONNECT_TIMEOUT_MS_DEFAULT,
+            pool_wait_timeout_ms: POOL_WAIT_TIMEOUT_MS_DEFAULT,
+            statement_timeout_ms: STATEMENT_TIMEOUT_MS_DEFAULT,
+            idle_in_transaction_timeout_ms: IDLE_IN_TRANSACTION_TIMEOUT_MS_DEFAULT,
+            operation_timeout_ms: OPERATION_TIMEOUT_MS_DEFAULT,
+        }
+    }
+
+    pub(crate) fn operation_timeout(&self) -> Duration {
+        Duration::from_millis(self.operation_timeout_ms)
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        if !(1..=POOL_SIZE_MAX).contains(&self.pool_size) {
+            return Err(ConfigError::PoolSize(self.pool_size));
+        }
+        let timeouts = [
+            ("connect_timeout_ms", self.connect_timeout_ms),
+            ("pool_wait_timeout_ms", self.pool_wait_timeout_ms),
+            ("statement_timeout_ms", self.statement_timeout_ms),
+            ("idle_in_transaction_timeout_ms", self.idle_in_transaction_timeout_ms),
+            ("operation_timeout_ms", self.operation_timeout_ms),
+        ];
+        match timeouts
+            .into_iter()
+            .find(|(_, value)| !(1..=TIMEOUT_MS_MAX).contains(value))
+        {
+            Some((name, value)) => Err(ConfigError::Timeout { name, value }),
+            None => Ok(()),
+        }
+    }
+
+    /// The driver's config: the URL plus our timeouts. The server-side
+    /// timeouts travel as startup options, appended to any the URL carries.
+    fn driver_config(&self) -> Result<tokio_postgres::Config, ConfigError> {
+        let mut config: tokio_postgres::Config = self.url.parse().map_err(ConfigError::Url)?;
+        let options = format!(
+            "{} -c statement_timeout={} -c idle_in_transaction_session_timeout={}",
+            config.get_options().unwrap_or_default(),
+            self.statement_timeout_ms,
+            self.idle_in_transaction_timeout_ms,
+        );
+        config
+            .options(options.trim_start())
+            .connect_timeout(Duration::from_millis(self.connect_timeout_ms))
+            .application_name("idem");
+        Ok(config)
+    }
+
+    /// Builds the pool. No connection is opened until the first call, so a
+    /// database that is down at startup surfaces as retryable errors later,
+    /// not as a failure here.
+    pub(crate) fn build_pool(&self) -> Result<Pool, ConfigError> {
+        self.validate()?;
+        let manager = Manager::from_config(
+            self.driver_config()?,
+            NoTls,
+            ManagerConfig {
+                // A cheap liveness check on checkout; broken connections are
+                // reported as closed by the driver and replaced.
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let connect_timeout = Duration::from_millis(self.connect_timeout_ms);
+        Pool::builder(manager)
+            .max_size(self.pool_size)
+            .runtime(Runtime::Tokio1)
+            .wait_timeout(Some(Duration::from_millis(self.pool_wait_timeout_ms)))
+            .create_timeout(Some(connect_timeout))
+            .recycle_timeout(Some(connect_timeout))
+            .build()
+            .map_err(|error| ConfigError::Pool(error.to_string()))
+    }
+}
+
+impl fmt::Debug for PostgresConfig {
+    /// The URL may carry a password, and configs end up in logs.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PostgresConfig")
+            .field("url", &redact_password(&self.url))
+            .field("pool_size", &self.pool_size)
+            .field("connect_timeout_ms", &self.connect_timeout_ms)
+            .field("pool_wait_timeout_ms", &self.pool_wait_timeout_ms)
+            .field("statement_timeout_ms", &self.statement_timeout_ms)
+            .field("idle_in_transaction_timeout_ms", &self.idle_in_transaction_timeout_ms)
+            .field("operation_timeout_ms", &self.operation_timeout_ms)
+            .finish()
+    }
+}
+
+/// `postgres://user:secret@host/db` becomes `postgres://user:***@host/db`;
+/// a string with a `password=` parameter anywhere is hidden whole.
+fn redact_password(url: &str) -> String {
+    if url.contains("password=") {
+        return "<connection string with a password>".to_owned();
+    }
+    if let Some((scheme, rest)) = url.split_once("://") {
+        let authority_end = rest.find('/').unwrap_or(rest.len());
+        if let Some(at) = rest[..authority_end].rfind('@')
+            && let Some(colon) = rest[..at].find(':')
+        {
+            return format!("{scheme}://{}:***{}", &rest[..colon], &rest[at..]);
+        }
+    }
+    url.to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_never_reach_the_debug_form() {
+        let config = PostgresConfig::new("postgres://idem:s3cret@db.internal:5432/idem");
+        let shown = format!("{config:?}");
+        assert!(!shown.contains("s3cret"), "{shown}");
+        assert!(shown.contains("postgres://idem:***@db.internal:5432/idem"), "{shown}");
+        let keyword = format!("{:?}", PostgresConfig::new("host=db user=idem password=s3cret"));
+        assert!(!keyword.contains("s3cret"), "{keyword}");
+        assert!(format!("{:?}", PostgresConfig::new("postgres://idem@db/idem")).contains("idem@db"));
+    }
+
+    #[test]
+    fn out_of_range_settings_are_refused() {
+        let mut config = PostgresConfig::new("postgres://idem@127.0.0.1/idem");
+        assert!(config.validate().is_ok());
+        config.pool_size = 0;
+        assert!(matches!(config.validate(), Err(ConfigError::PoolSize(0))));
+        config.pool_size = POOL_SIZE_DEFAULT;
+        config.statement_timeout_ms = 0;
+        assert!(matches!(
+            config.validate(),
+            Err(ConfigError::Timeout {
+                name: "statement_timeout_ms",
+                ..
+            })
+        ));
+        config.statement_timeout_ms = TIMEOUT_MS_MAX + 1;
+        assert!(config.build_pool().is_err());
+    }
+
+    #[test]
+    fn url_options_are_kept_and_timeouts_appended() {
+        let mut config = PostgresConfig::new("postgres://idem@127.0.0.1/idem?options=-c%20search_path%3Dx");
+        config.statement_timeout_ms = 1_234;
+        let driver = config.driver_config().expect("valid url");
+        let options = driver.get_options().unwrap_or_default();
+        assert!(options.starts_with("-c search_path=x"), "{options}");
+        assert!(options.contains("-c statement_timeout=1234"), "{options}");
+        assert!(matches!(
+            PostgresConfig::new("postgres://[::1").driver_config(),
+            Err(ConfigError::Url(_))
+        ));
+    }
+}

@@ -1,0 +1,39 @@
+//! idem's PostgreSQL store: the seed's own design.
+//!
+//! - Records live in `idempotency_keys`, keyed by (caller, SHA-256 of the
+//!   key), created by versioned migrations ([`PostgresStore::migrate`]).
+//! - Transaction 1 claims with `INSERT ... ON CONFLICT DO NOTHING`, then
+//!   `SELECT ... FOR UPDATE` to inspect, and commits at once. Nothing is held
+//!   while the handler works.
+//! - Transaction 2 completes only while the lease token holds, and with
+//!   [`PostgresStore::complete_with`] commits the handler's own rows (a
+//!   label) in the same transaction.
+//! - Every decision is store-core's pure state machine, run on the locked
+//!   row with the database's clock (`now()`), never the application's.
+//! - The sweeper deletes expired rows in bounded batches on the `expires_at`
+//!   index with `FOR UPDATE SKIP LOCKED`, leaving tombstones so late retries
+//!   are noticed.
+
+mod config;
+mod effect;
+mod error;
+mod migrate;
+mod row;
+mod store;
+#[cfg(feature = "testkit")]
+pub mod testkit;
+
+pub use config::{
+    CONNECT_TIMEOUT_MS_DEFAULT, ConfigError, IDLE_IN_TRANSACTION_TIMEOUT_MS_DEFAULT, OPERATION_TIMEOUT_MS_DEFAULT,
+    POOL_SIZE_DEFAULT, POOL_SIZE_MAX, POOL_WAIT_TIMEOUT_MS_DEFAULT, PostgresConfig, STATEMENT_TIMEOUT_MS_DEFAULT,
+    TIMEOUT_MS_MAX,
+};
+pub use effect::{Completion, EffectFuture};
+pub use error::{CompleteWithError, EffectError, RETRY_BACKOFF_MS_MAX, TRANSACTION_ATTEMPTS_MAX};
+pub use migrate::{
+    MIGRATION_LOCK_KEY, MIGRATION_NAMESPACE_BYTES_MAX, MIGRATION_STATEMENT_TIMEOUT_MS, MigrateError, Migration,
+    MigrationReport, STORE_MIGRATION_NAMESPACE, STORE_MIGRATIONS,
+};
+pub use store::PostgresStore;
+/// The driver, so callers write effects against the same version.
+pub use tokio_postgres;

@@ -1,0 +1,363 @@
+//! A real PostgreSQL server for tests: a throw-away cluster made with
+//! `initdb` in a temporary directory, started on a free 127.0.0.1 port, with
+//! a fresh database per [`PostgresServer::create_database`] call, stopped on
+//! drop. Nothing depends on a server someone else started.
+//!
+//! PostgreSQL refuses to run as root, so under root the cluster belongs to
+//! the `postgres` OS user (Debian's package creates it) and every server
+//! command runs through `runuser -u postgres --`.
+//!
+//! A server kept in a `static` is never dropped, so each server also starts
+//! a small watchdog process that stops it and removes its directory once the
+//! test process has exited, however it exited.
+
+use crate::config::PostgresConfig;
+use crate::migrate::{MigrateError, Migration};
+use crate::store::PostgresStore;
+use std::net::TcpListener;
+use std::os::unix::fs::MetadataExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use store_core::Policy;
+use tempfile::TempDir;
+
+/// Where Debian's packages install the server binaries, one folder per version.
+pub const DEBIAN_POSTGRESQL_DIR: &str = "/usr/lib/postgresql";
+/// Names a folder with `initdb`, `pg_ctl` and `postgres` to use instead.
+pub const BIN_DIR_VARIABLE: &str = "IDEM_POSTGRES_BIN_DIR";
+/// The OS user that owns the cluster when the tests run as root.
+pub const SERVER_OS_USER: &str = "postgres";
+/// The database superuser the cluster is made with; connections trust it.
+pub const SUPERUSER: &str = "postgres";
+/// How long `pg_ctl` waits for the server to accept connections.
+pub const SERVER_START_TIMEOUT_S: u32 = 60;
+/// Ports tried before giving up, in case another process takes the free
+/// port between choosing it and the server binding it.
+pub const SERVER_START_ATTEMPTS: u32 = 3;
+/// Connections the test server accepts; every test's pool draws on it.
+pub const SERVER_CONNECTIONS_MAX: u32 = 300;
+/// How often the watchdog checks whether the test process is still alive.
+pub const WATCHDOG_POLL_S: u32 = 1;
+
+#[derive(Debug, thiserror::Error)]
+pub enum HarnessError {
+    #[error("PostgreSQL server binaries not found ({0}); install Debian's postgresql package")]
+    NotInstalled(String),
+    #[error("{action}: {source}")]
+    Io {
+        action: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{command} failed: {output}")]
+    Command { command: String, output: String },
+    #[error("could not create a database: {0}")]
+    Database(#[from] tokio_postgres::Error),
+    #[error("store for the test database: {0}")]
+    Store(String),
+    #[error(transparent)]
+    Migrate(#[from] MigrateError),
+}
+
+fn io_error(action: impl Into<String>) -> impl FnOnce(std::io::Error) -> HarnessError {
+    let action = action.into();
+    move |source| HarnessError::Io { action, source }
+}
+
+/// A running throw-away cluster.
+#[derive(Debug)]
+pub struct PostgresServer {
+    directory: TempDir,
+    bin_dir: PathBuf,
+    /// `Some("postgres")` when server commands run as that OS user.
+    os_user: Option<&'static str>,
+    port: u16,
+    watchdog: Option<Child>,
+    databases_created: AtomicU64,
+}
+
+/// A fresh, empty database on a [`PostgresServer`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TestDatabase {
+    pub name: String,
+    pub url: String,
+}
+
+impl TestDatabase {
+    /// A config for this database with every setting at its default.
+    pub fn config(&self) -> PostgresConfig {
+        PostgresConfig::new(self.url.clone())
+    }
+
+    /// A store on this database with the store's migrations and `extra` applied.
+    pub async fn migrated_store(&self, policy: Policy, extra: &[Migration]) -> Result<PostgresStore, HarnessError> {
+        let store =
+            PostgresStore::new(&self.config(), policy).map_err(|error| HarnessError::Store(error.to_string()))?;
+        store.migrate(extra).await?;
+        Ok(store)
+    }
+}
+
+impl PostgresServer {
+    /// Makes a cluster in a temporary directory and starts it; blocks until
+    /// it accepts connections.
+    pub fn start() -> Result<Self, HarnessError> {
+        let bin_dir = find_bin_dir()?;
+        let directory = tempfile::Builder::new()
+            .prefix("idem-postgres-")
+            .tempdir()
+            .map_err(io_error("create a temporary directory"))?;
+        let os_user = running_as_root()?.then_some(SERVER_OS_USER);
+        if let Some(user) = os_user {
+            run(Command::new("chown").arg(format!("{user}:")).arg(directory.path()))?;
+        }
+        let mut server = Self {
+            directory,
+            bin_dir,
+            os_user,
+            port: 0,
+            watchdog: None,
+            databases_created: AtomicU64::new(0),
+        };
+        server.init_cluster()?;
+        server.start_on_a_free_port()?;
+        server.watchdog = Some(server.spawn_watchdog()?);
+        Ok(server)
+    }
+
+    /// One server for the whole test process, started on first use.
+    ///
+    /// # Panics
+    /// When the server cannot start: there is nothing a test can do then.
+    pub fn shared() -> &'static PostgresServer {
+        static SHARED: OnceLock<PostgresServer> = OnceLock::new();
+        SHARED.get_or_init(|| match PostgresServer::start() {
+            Ok(server) => server,
+            Err(error) => panic!("could not start the test PostgreSQL server: {error}"),
+        })
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The temporary directory holding the cluster, its socket and its log.
+    pub fn directory(&self) -> &Path {
+        self.directory.path()
+    }
+
+    /// The server's log so far, for a failing test to print.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.log_file()).unwrap_or_default()
+    }
+
+    /// The URL of `database` on this server.
+    pub fn url(&self, database: &str) -> String {
+        format!("postgres://{SUPERUSER}@127.0.0.1:{}/{database}", self.port)
+    }
+
+    /// Creates a new empty database with a unique name.
+    pub async fn create_database(&self) -> Result<TestDatabase, HarnessError> {
+        let number = self.databases_created.fetch_add(1, Ordering::Relaxed);
+        let name = format!("idem_test_{number}_{:08x}", rand::random::<u32>());
+        let (client, connection) = tokio_postgres::connect(&self.url("postgres"), tokio_postgres::NoTls).await?;
+        let driver = tokio::spawn(connection);
+        let created = client.batch_execute(&format!("CREATE DATABASE {name}")).await;
+        drop(client);
+        // The connection task ends once the client is gone; its own error,
+        // if any, is the one `created` already reports.
+        let _ = driver.await;
+        created?;
+        Ok(TestDatabase {
+            url: self.url(&name),
+            name,
+        })
+    }
+
+    fn data_dir(&self) -> PathBuf {
+        self.directory.path().join("data")
+    }
+
+    fn log_file(&self) -> PathBuf {
+        self.directory.path().join("server.log")
+    }
+
+    /// A command for a server binary, run as the cluster's OS user.
+    fn server_command(&self, program: &str) -> Command {
+        let binary = self.bin_dir.join(program);
+        let mut command = match self.os_user {
+            Some(user) => {
+                let mut command = Command::new("runuser");
+                command.args(["-u", user, "--"]).arg(binary);
+                command
+            }
+            None => Command::new(binary),
+        };
+        // The OS user may not be allowed into the caller's directory.
+        command.current_dir(self.directory.path()).stdin(Stdio::null());
+        command
+    }
+
+    fn init_cluster(&self) -> Result<(), HarnessError> {
+        let mut initdb = self.server_command("initdb");
+        initdb
+            .arg("--pgdata")
+            .arg(self.data_dir())
+            .args(["--username", SUPERUSER, "--auth", "trust", "--encoding", "UTF8"])
+            .args(["--locale", "C", "--no-sync", "--no-instructions"]);
+        run(&mut initdb).map(drop)
+    }
+
+    fn start_on_a_free_port(&mut self) -> Result<(), HarnessError> {
+        let mut last_error = None;
+        for _ in 0..SERVER_START_ATTEMPTS {
+            self.port = free_port()?;
+            match run(&mut self.pg_ctl_start()) {
+                Ok(_) => return Ok(()),
+                Err(error) => last_error = Some(error),
+            }
+        }
+        let log = std::fs::read_to_string(self.log_file()).unwrap_or_default();
+        let detail = last_error.map(|error| error.to_string()).unwrap_or_default();
+        Err(HarnessError::Command {
+            command: "pg_ctl start".to_owned(),
+            output: format!("{detail}\nserver log:\n{log}"),
+        })
+    }
+
+    /// `fsync=off` and friends trade durability for speed: acceptable for a
+    /// cluster that is thrown away after the tests, never elsewhere.
+    fn pg_ctl_start(&self) -> Command {
+        let options = format!(
+            "-c port={} -c listen_addresses=127.0.0.1 -c unix_socket_directories='{}' \
+             -c max_connections={SERVER_CONNECTIONS_MAX} -c fsync=off -c synchronous_commit=off \
+             -c full_page_writes=off",
+            self.port,
+            self.directory.path().display(),
+        );
+        let mut command = self.server_command("pg_ctl");
+        command
+            .arg("start")
+            .arg("--pgdata")
+            .arg(self.data_dir())
+            .arg("--log")
+            .arg(self.log_file())
+            .args([
+                "--wait",
+                "--timeout",
+                &SERVER_START_TIMEOUT_S.to_string(),
+                "-o",
+                &options,
+            ]);
+        command
+    }
+
+    fn pg_ctl_stop(&self) -> Command {
+        let mut command = self.server_command("pg_ctl");
+        command
+            .arg("stop")
+            .arg("--pgdata")
+            .arg(self.data_dir())
+            .args(["--mode", "immediate", "--wait"]);
+        command
+    }
+
+    /// Stops the server and removes its directory once this process is gone.
+    fn spawn_watchdog(&self) -> Result<Child, HarnessError> {
+        let script = format!(
+            r#"while kill -0 "$1" 2>/dev/null; do sleep {WATCHDOG_POLL_S}; done
+if [ -n "$5" ]; then runuser -u "$5" -- "$4" stop -D "$2" -m immediate; else "$4" stop -D "$2" -m immediate; fi
+rm -rf "$3""#
+        );
+        Command::new("sh")
+            .arg("-c")
+            .arg(script)
+            .arg("idem-postgres-watchdog")
+            .arg(std::process::id().to_string())
+            .arg(self.data_dir())
+            .arg(self.directory.path())
+            .arg(self.bin_dir.join("pg_ctl"))
+            .arg(self.os_user.unwrap_or_default())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            // Its own process group, so a Ctrl-C aimed at the tests does not
+            // end the watchdog before it has cleaned up.
+            .process_group(0)
+            .spawn()
+            .map_err(io_error("start the server watchdog"))
+    }
+}
+
+impl Drop for PostgresServer {
+    fn drop(&mut self) {
+        if let Err(error) = run(&mut self.pg_ctl_stop()) {
+            eprintln!("stopping the test PostgreSQL server failed: {error}");
+        }
+        if let Some(mut watchdog) = self.watchdog.take() {
+            // The watchdog is this process's own child: end it by its id.
+            let _ = watchdog.kill();
+            let _ = watchdog.wait();
+        }
+    }
+}
+
+fn running_as_root() -> Result<bool, HarnessError> {
+    let metadata = std::fs::metadata("/proc/self").map_err(io_error("read /proc/self"))?;
+    Ok(metadata.uid() == 0)
+}
+
+/// The folder named by `IDEM_POSTGRES_BIN_DIR`, else the newest of Debian's
+/// `/usr/lib/postgresql/<version>/bin`.
+fn find_bin_dir() -> Result<PathBuf, HarnessError> {
+    if let Some(dir) = std::env::var_os(BIN_DIR_VARIABLE) {
+        let dir = PathBuf::from(dir);
+        return has_server_binaries(&dir)
+            .then_some(dir)
+            .ok_or_else(|| HarnessError::NotInstalled(format!("{BIN_DIR_VARIABLE} has no initdb")));
+    }
+    let entries = std::fs::read_dir(DEBIAN_POSTGRESQL_DIR)
+        .map_err(|error| HarnessError::NotInstalled(format!("{DEBIAN_POSTGRESQL_DIR}: {error}")))?;
+    entries
+        .filter_map(Result::ok)
+        .filter_map(|entry| {
+            let version: u32 = entry.file_name().to_str()?.parse().ok()?;
+            let bin = entry.path().join("bin");
+            has_server_binaries(&bin).then_some((version, bin))
+        })
+        .max_by_key(|(version, _)| *version)
+        .map(|(_, bin)| bin)
+        .ok_or_else(|| HarnessError::NotInstalled(format!("no {DEBIAN_POSTGRESQL_DIR}/<version>/bin/initdb")))
+}
+
+fn has_server_binaries(dir: &Path) -> bool {
+    ["initdb", "pg_ctl", "postgres"]
+        .iter()
+        .all(|name| dir.join(name).is_file())
+}
+
+fn free_port() -> Result<u16, HarnessError> {
+    let listener = TcpListener::bind("127.0.0.1:0").map_err(io_error("find a free port"))?;
+    let address = listener.local_addr().map_err(io_error("find a free port"))?;
+    Ok(address.port())
+}
+
+fn run(command: &mut Command) -> Result<Output, HarnessError> {
+    let shown = format!("{command:?}");
+    let output = command.output().map_err(io_error(format!("run {shown}")))?;
+    if output.status.success() {
+        return Ok(output);
+    }
+    Err(HarnessError::Command {
+        command: shown,
+        output: format!(
+            "{}\n{}{}",
+            output.status,
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        ),
+    })
+}

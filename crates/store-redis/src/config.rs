@@ -1,0 +1,232 @@
+//! How to reach Redis and how careful to be with it.
+//!
+//! Every limit is a named constant; [`RedisConfig::validate`] checks them all
+//! before a connection is made, so a bad setting is refused at startup with a
+//! message that names it.
+
+use std::time::Duration;
+
+/// Default time the client waits for one reply before reporting the store
+/// unavailable. redis-rs 1.x would use 500 ms; this is set explicitly so that
+/// a 1 MiB replay on a busy server does not time out.
+pub const RESPONSE_TIMEOUT_MS_DEFAULT: u64 = 2_000;
+/// Longest response timeout accepted.
+pub const RESPONSE_TIMEOUT_MS_MAX: u64 = 60_000;
+/// How much longer than a `WAIT` timeout the response timeout must be, so the
+/// client never gives up on a `WAIT` that the server is still allowed to run.
+pub const RESPONSE_TIMEOUT_MARGIN_MS: u64 = 500;
+/// Default time allowed for opening one connection.
+pub const CONNECTION_TIMEOUT_MS_DEFAULT: u64 = 1_000;
+/// Longest connection timeout accepted.
+pub const CONNECTION_TIMEOUT_MS_MAX: u64 = 30_000;
+/// Longest `WAIT` timeout accepted. Zero is refused: to Redis it means "wait forever".
+pub const WAIT_TIMEOUT_MS_MAX: u64 = 10_000;
+/// Most replicas a `WAIT` may ask for.
+pub const WAIT_REPLICAS_MAX: u32 = 16;
+/// Longest key prefix, in bytes.
+pub const KEY_PREFIX_BYTES_MAX: usize = 64;
+/// Default key prefix.
+pub const KEY_PREFIX_DEFAULT: &str = "idem:";
+/// Most server addresses one configuration may list.
+pub const URLS_COUNT_MAX: usize = 64;
+
+/// Why a configuration was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    #[error("no Redis URL is configured")]
+    NoUrls,
+    #[error("{count} Redis URLs are configured; at most {URLS_COUNT_MAX}")]
+    TooManyUrls { count: usize },
+    #[error("a standalone Redis takes exactly one URL, {count} are configured; set cluster for Redis Cluster")]
+    StandaloneNeedsOneUrl { count: usize },
+    #[error("key prefix must be at most {KEY_PREFIX_BYTES_MAX} bytes of printable ASCII without spaces, '{{' or '}}'")]
+    KeyPrefix,
+    #[error("response timeout must be between 1 and {RESPONSE_TIMEOUT_MS_MAX} ms")]
+    ResponseTimeout,
+    #[error("connection timeout must be between 1 and {CONNECTION_TIMEOUT_MS_MAX} ms")]
+    ConnectionTimeout,
+    #[error("WAIT needs 1 to {WAIT_REPLICAS_MAX} replicas and a timeout of 1 to {WAIT_TIMEOUT_MS_MAX} ms")]
+    Wait,
+    #[error(
+        "response timeout {response_timeout_ms} ms must exceed the WAIT timeout {wait_timeout_ms} ms by at least {RESPONSE_TIMEOUT_MARGIN_MS} ms"
+    )]
+    ResponseTimeoutBelowWait {
+        response_timeout_ms: u64,
+        wait_timeout_ms: u64,
+    },
+}
+
+/// `WAIT numreplicas timeout` after each successful write.
+///
+/// WAIT makes a write more likely to survive a failover; it does not make
+/// Redis strongly consistent (see LIMITS.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WaitConfig {
+    pub replicas: u32,
+    pub timeout_ms: u64,
+}
+
+/// Everything the Redis backend needs besides the [`store_core::Policy`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RedisConfig {
+    /// `redis://host:port` addresses. One for a standalone server; for a
+    /// cluster, any nodes to learn the topology from.
+    pub urls: Vec<String>,
+    /// Talk the Redis Cluster protocol.
+    pub cluster: bool,
+    /// Prepended to every key this store writes.
+    pub key_prefix: String,
+    /// How long to wait for one reply.
+    pub response_timeout_ms: u64,
+    /// How long to wait for one connection to open.
+    pub connection_timeout_ms: u64,
+    /// Optional `WAIT` after each successful write.
+    pub wait: Option<WaitConfig>,
+    /// Run on a server whose `maxmemory-policy` may evict keys. Evicted
+    /// records are forgotten keys and so duplicate effects: off by default.
+    pub accept_eviction: bool,
+}
+
+impl RedisConfig {
+    /// A standalone server at `url`, with every other setting at its default.
+    pub fn standalone(url: impl Into<String>) -> Self {
+        Self {
+            urls: vec![url.into()],
+            cluster: false,
+            key_prefix: KEY_PREFIX_DEFAULT.to_owned(),
+            response_timeout_ms: RESPONSE_TIMEOUT_MS_DEFAULT,
+            connection_timeout_ms: CONNECTION_TIMEOUT_MS_DEFAULT,
+            wait: None,
+            accept_eviction: false,
+        }
+    }
+
+    /// A Redis Cluster reachable through `urls`, with every other setting at its default.
+    pub fn cluster(urls: impl IntoIterator<Item = impl Into<String>>) -> Self {
+        Self {
+            urls: urls.into_iter().map(Into::into).collect(),
+            cluster: true,
+            ..Self::standalone(String::new())
+        }
+    }
+
+    /// Checks every limit; the URLs themselves are parsed by the client.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.validate_urls()?;
+        if !key_prefix_is_valid(&self.key_prefix) {
+            return Err(ConfigError::KeyPrefix);
+        }
+        if !(1..=RESPONSE_TIMEOUT_MS_MAX).contains(&self.response_timeout_ms) {
+            return Err(ConfigError::ResponseTimeout);
+        }
+        if !(1..=CONNECTION_TIMEOUT_MS_MAX).contains(&self.connection_timeout_ms) {
+            return Err(ConfigError::ConnectionTimeout);
+        }
+        if let Some(wait) = self.wait {
+            self.validate_wait(wait)?;
+        }
+        Ok(())
+    }
+
+    fn validate_urls(&self) -> Result<(), ConfigError> {
+        let count = self.urls.len();
+        if count == 0 {
+            return Err(ConfigError::NoUrls);
+        }
+        if count > URLS_COUNT_MAX {
+            return Err(ConfigError::TooManyUrls { count });
+        }
+        if !self.cluster && count != 1 {
+            return Err(ConfigError::StandaloneNeedsOneUrl { count });
+        }
+        Ok(())
+    }
+
+    fn validate_wait(&self, wait: WaitConfig) -> Result<(), ConfigError> {
+        if !(1..=WAIT_REPLICAS_MAX).contains(&wait.replicas) || !(1..=WAIT_TIMEOUT_MS_MAX).contains(&wait.timeout_ms) {
+            return Err(ConfigError::Wait);
+        }
+        if self.response_timeout_ms < wait.timeout_ms + RESPONSE_TIMEOUT_MARGIN_MS {
+            return Err(ConfigError::ResponseTimeoutBelowWait {
+                response_timeout_ms: self.response_timeout_ms,
+                wait_timeout_ms: wait.timeout_ms,
+            });
+        }
+        Ok(())
+    }
+
+    pub(crate) fn response_timeout(&self) -> Duration {
+        Duration::from_millis(self.response_timeout_ms)
+    }
+
+    pub(crate) fn connection_timeout(&self) -> Duration {
+        Duration::from_millis(self.connection_timeout_ms)
+    }
+}
+
+/// Braces are refused because Redis Cluster hashes only the text between the
+/// first `{` and the next `}`: a brace in the prefix would move every key's
+/// hash tag and split a record from its tombstone.
+fn key_prefix_is_valid(prefix: &str) -> bool {
+    prefix.len() <= KEY_PREFIX_BYTES_MAX
+        && prefix
+            .bytes()
+            .all(|b| (0x21..=0x7e).contains(&b) && b != b'{' && b != b'}')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid() {
+        assert_eq!(RedisConfig::standalone("redis://127.0.0.1:1").validate(), Ok(()));
+        assert_eq!(
+            RedisConfig::cluster(["redis://127.0.0.1:1", "redis://127.0.0.1:2"]).validate(),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn key_prefixes_with_braces_spaces_or_excess_length_are_refused() {
+        for bad in ["a{b", "a}b", "a b", "é", &"p".repeat(KEY_PREFIX_BYTES_MAX + 1)] {
+            let config = RedisConfig {
+                key_prefix: bad.to_owned(),
+                ..RedisConfig::standalone("redis://127.0.0.1:1")
+            };
+            assert_eq!(config.validate(), Err(ConfigError::KeyPrefix), "{bad:?}");
+        }
+        let empty = RedisConfig {
+            key_prefix: String::new(),
+            ..RedisConfig::standalone("redis://127.0.0.1:1")
+        };
+        assert_eq!(empty.validate(), Ok(()));
+    }
+
+    #[test]
+    fn url_counts_are_checked() {
+        let mut config = RedisConfig::standalone("redis://127.0.0.1:1");
+        config.urls.push("redis://127.0.0.1:2".into());
+        assert_eq!(config.validate(), Err(ConfigError::StandaloneNeedsOneUrl { count: 2 }));
+        config.urls.clear();
+        assert_eq!(config.validate(), Err(ConfigError::NoUrls));
+    }
+
+    #[test]
+    fn wait_needs_replicas_a_nonzero_timeout_and_a_longer_response_timeout() {
+        let with_wait = |replicas, timeout_ms| RedisConfig {
+            wait: Some(WaitConfig { replicas, timeout_ms }),
+            ..RedisConfig::standalone("redis://127.0.0.1:1")
+        };
+        assert_eq!(with_wait(1, 100).validate(), Ok(()));
+        assert_eq!(with_wait(0, 100).validate(), Err(ConfigError::Wait));
+        assert_eq!(with_wait(1, 0).validate(), Err(ConfigError::Wait));
+        assert_eq!(
+            with_wait(1, RESPONSE_TIMEOUT_MS_DEFAULT).validate(),
+            Err(ConfigError::ResponseTimeoutBelowWait {
+                response_timeout_ms: RESPONSE_TIMEOUT_MS_DEFAULT,
+                wait_timeout_ms: RESPONSE_TIMEOUT_MS_DEFAULT
+            })
+        );
+    }
+}

@@ -1,0 +1,37 @@
+//! idem's Redis backend: store-core's [`IdempotencyStore`](store_core::IdempotencyStore)
+//! on Redis 7, standalone or Redis Cluster.
+//!
+//! - One record is one hash; its tombstone is a small string beside it, in
+//!   the same cluster slot ([`keys`]). Keys hold the caller id and the SHA-256
+//!   of the idempotency key, never the key itself.
+//! - Every transition is one Lua script ([`scripts`]) that mirrors
+//!   `store_core::machine` and reads the clock with `TIME`.
+//! - Retention and tombstones are Redis TTLs, so `purge_expired` has nothing
+//!   to do.
+//! - [`RedisStore::connect`] refuses servers that may evict records and
+//!   reports missing persistence ([`checks`]).
+//!
+//! Redis is a separate store from the effect it guards, and it can forget
+//! records: LIMITS.md beside this crate lists every way, what the store does
+//! about each, and the test that shows it.
+
+pub mod checks;
+pub mod config;
+mod connection;
+mod errors;
+pub mod keys;
+mod record;
+mod reply;
+pub mod scripts;
+mod store;
+
+#[cfg(feature = "testkit")]
+pub mod testkit;
+
+pub use checks::{NodeFacts, ServerRefusal, ServerReport, ServerWarning};
+pub use config::{ConfigError, RedisConfig, WaitConfig};
+pub use connection::{CLUSTER_RETRIES_MAX, RECONNECT_DELAY_MS_MAX, RECONNECT_DELAY_MS_MIN, RECONNECT_RETRIES_MAX};
+pub use errors::CORRUPT_RECORD_CODE;
+pub use keys::RecordKeys;
+pub use record::RESPONSE_FORMAT_VERSION;
+pub use store::RedisStore;

@@ -1,0 +1,44 @@
+//! Real redis-server processes for tests (feature `testkit`).
+//!
+//! Every server runs on a free loopback port in its own temporary directory
+//! and is killed when its handle is dropped, as in redis-rs's own harness.
+//! Nothing here uses a server someone else started.
+//!
+//! - [`RedisServer`]: one standalone server, with extra arguments, restart on
+//!   the same port, kill, pause and resume.
+//! - [`RedisCluster`]: three masters joined by `redis-cli --cluster create`.
+//! - [`shared_server`] / [`shared_cluster`]: one server (or cluster) shared by
+//!   the tests of a binary that overlap in time, stopped when the last one
+//!   lets go; [`StoreWithServer`] ties a store to the server it needs, for
+//!   factories such as `store_core::conformance_tests!` that return only a store.
+
+mod cluster;
+mod server;
+mod shared;
+
+pub use cluster::{CLUSTER_MASTERS, CLUSTER_READY_MS_MAX, RedisCluster};
+pub use server::{REDIS_CLI_PROGRAM, REDIS_SERVER_PROGRAM, RedisServer, STARTUP_MS_MAX};
+pub use shared::{StoreWithServer, shared_cluster, shared_server};
+
+use std::io;
+
+/// Why a test server could not be started.
+#[derive(Debug, thiserror::Error)]
+pub enum HarnessError {
+    #[error("could not run {program}: {source}")]
+    Spawn {
+        program: &'static str,
+        #[source]
+        source: io::Error,
+    },
+    #[error("redis-server on port {port} is not ready after {STARTUP_MS_MAX} ms; end of its log:\n{log}")]
+    NotReady { port: u16, log: String },
+    #[error("redis-server on port {port} exited while starting; end of its log:\n{log}")]
+    Exited { port: u16, log: String },
+    #[error("redis-cli --cluster create failed:\n{output}")]
+    ClusterCreate { output: String },
+    #[error("the cluster did not reach cluster_state:ok within {CLUSTER_READY_MS_MAX} ms")]
+    ClusterNotReady,
+    #[error("test harness I/O: {0}")]
+    Io(#[from] io::Error),
+}

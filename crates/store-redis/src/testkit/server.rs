@@ -1,0 +1,225 @@
+//! One real redis-server on a free loopback port in a temporary directory.
+
+use super::HarnessError;
+use crate::config::RedisConfig;
+use std::fs;
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+use tempfile::TempDir;
+
+/// The server binary, looked up on PATH (Debian's `redis-server` package).
+pub const REDIS_SERVER_PROGRAM: &str = "redis-server";
+/// The client binary (Debian's `redis-tools` package).
+pub const REDIS_CLI_PROGRAM: &str = "redis-cli";
+/// Longest wait for a started server to answer.
+pub const STARTUP_MS_MAX: u64 = 5_000;
+/// Pause between readiness probes.
+const PROBE_INTERVAL_MS: u64 = 10;
+/// Fresh ports tried when a server cannot bind the first one (another
+/// process took it between our probe and the server's bind).
+const START_ATTEMPTS_MAX: usize = 3;
+/// Bytes of the server log shown when it fails to start.
+const LOG_TAIL_BYTES_MAX: usize = 2_000;
+
+/// A redis-server child process. Killed (SIGKILL) when dropped.
+pub struct RedisServer {
+    child: Option<Child>,
+    port: u16,
+    extra_args: Vec<String>,
+    dir: TempDir,
+}
+
+impl RedisServer {
+    /// `redis-server --port P --bind 127.0.0.1 --save '' --appendonly no --dir TMP`.
+    pub fn start() -> Result<Self, HarnessError> {
+        Self::start_with_args::<&str>(&[])
+    }
+
+    /// As [`RedisServer::start`], then `extra_args`, which override the
+    /// defaults: e.g. `["--maxmemory", "4mb", "--maxmemory-policy", "allkeys-lru"]`
+    /// or `["--appendonly", "yes"]`.
+    pub fn start_with_args<S: AsRef<str>>(extra_args: &[S]) -> Result<Self, HarnessError> {
+        let extra_args: Vec<String> = extra_args.iter().map(|arg| arg.as_ref().to_owned()).collect();
+        let mut last_error = None;
+        for _ in 0..START_ATTEMPTS_MAX {
+            let mut server = Self {
+                child: None,
+                port: free_port()?,
+                extra_args: extra_args.clone(),
+                dir: tempfile::Builder::new().prefix("idem-redis-").tempdir()?,
+            };
+            match server.spawn_and_wait() {
+                Ok(()) => return Ok(server),
+                Err(error @ HarnessError::Exited { .. }) => last_error = Some(error),
+                Err(error) => return Err(error),
+            }
+        }
+        Err(last_error.unwrap_or_else(|| HarnessError::Io(std::io::Error::other("no start attempt was made"))))
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `redis://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// The server's working directory, kept across restarts.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// A store configuration for this server, every other setting at its default.
+    pub fn config(&self) -> RedisConfig {
+        RedisConfig::standalone(self.url())
+    }
+
+    /// The process id while the server runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Kills the server at once (SIGKILL): no shutdown save, no goodbye to clients.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Kills the server if it runs, then starts it again on the same port,
+    /// in the same directory, with the same arguments.
+    pub fn restart(&mut self) -> Result<(), HarnessError> {
+        self.kill();
+        self.spawn_and_wait()
+    }
+
+    /// Freezes the process (SIGSTOP): connections stay open, nothing answers.
+    pub fn pause(&self) -> Result<(), HarnessError> {
+        self.signal("-STOP")
+    }
+
+    /// Thaws a paused process (SIGCONT); it then runs what it had received.
+    pub fn resume(&self) -> Result<(), HarnessError> {
+        self.signal("-CONT")
+    }
+
+    /// Runs one command on a fresh blocking connection, for test setup and
+    /// for looking behind the store's back.
+    pub fn query<T: redis::FromRedisValue>(&self, args: &[&str]) -> redis::RedisResult<T> {
+        let client = redis::Client::open(self.url())?;
+        let mut connection = client.get_connection_with_timeout(Duration::from_millis(STARTUP_MS_MAX))?;
+        let mut command = redis::cmd(args.first().copied().unwrap_or("PING"));
+        for arg in args.iter().skip(1) {
+            command.arg(*arg);
+        }
+        command.query(&mut connection)
+    }
+
+    fn signal(&self, signal: &str) -> Result<(), HarnessError> {
+        let Some(pid) = self.pid() else {
+            return Ok(());
+        };
+        let status = Command::new("kill")
+            .arg(signal)
+            .arg(pid.to_string())
+            .status()
+            .map_err(|source| HarnessError::Spawn {
+                program: "kill",
+                source,
+            })?;
+        if status.success() {
+            Ok(())
+        } else {
+            Err(HarnessError::Io(std::io::Error::other(format!(
+                "kill {signal} {pid}: {status}"
+            ))))
+        }
+    }
+
+    fn spawn_and_wait(&mut self) -> Result<(), HarnessError> {
+        let dir = self.dir.path().to_string_lossy().into_owned();
+        let log = self.dir.path().join("redis.log");
+        let child = Command::new(REDIS_SERVER_PROGRAM)
+            .args([
+                "--port",
+                &self.port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--daemonize",
+                "no",
+            ])
+            .args(["--save", "", "--appendonly", "no", "--dir", &dir])
+            .args(["--logfile", &log.to_string_lossy()])
+            .args(&self.extra_args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|source| HarnessError::Spawn {
+                program: REDIS_SERVER_PROGRAM,
+                source,
+            })?;
+        self.child = Some(child);
+        self.wait_until_ready()
+    }
+
+    fn wait_until_ready(&mut self) -> Result<(), HarnessError> {
+        let deadline = Instant::now() + Duration::from_millis(STARTUP_MS_MAX);
+        while Instant::now() < deadline {
+            if let Some(child) = self.child.as_mut()
+                && child.try_wait()?.is_some()
+            {
+                self.child = None;
+                return Err(HarnessError::Exited {
+                    port: self.port,
+                    log: self.log_tail(),
+                });
+            }
+            if self.answers_as_itself() {
+                return Ok(());
+            }
+            sleep(Duration::from_millis(PROBE_INTERVAL_MS));
+        }
+        self.kill();
+        Err(HarnessError::NotReady {
+            port: self.port,
+            log: self.log_tail(),
+        })
+    }
+
+    /// True when the process listening on our port is our child: a server
+    /// that lost a race for the port must not pass for ready because
+    /// another one answers there.
+    fn answers_as_itself(&self) -> bool {
+        let Some(pid) = self.pid() else {
+            return false;
+        };
+        let expected = format!("process_id:{pid}");
+        self.query::<String>(&["INFO", "server"])
+            .is_ok_and(|info| info.lines().any(|line| line.trim_end() == expected))
+    }
+
+    /// The end of the server's log, for error messages.
+    pub fn log_tail(&self) -> String {
+        let text = fs::read_to_string(self.dir.path().join("redis.log")).unwrap_or_default();
+        let start = text.len().saturating_sub(LOG_TAIL_BYTES_MAX);
+        text.get(start..).unwrap_or(&text).to_owned()
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A port nothing listens on right now (the OS picks it).
+pub(crate) fn free_port() -> Result<u16, HarnessError> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
