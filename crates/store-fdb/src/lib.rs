@@ -9,9 +9,15 @@
 
 pub mod embedded;
 pub mod engine;
+#[cfg(feature = "foundationdb")]
+pub mod foundationdb;
 pub mod keys;
 pub mod store;
 
+#[cfg(feature = "foundationdb")]
+pub use self::foundationdb::{
+    FoundationDbConfig, FoundationDbEngine, FoundationDbNetwork, FoundationDbStore, KeyPrefix,
+};
 pub use embedded::{Durability, EmbeddedConfig, EmbeddedEngine, FaultPlan};
 pub use engine::{Engine, EngineError, EngineErrorKind, MaybeCommitted, RunOptions, Transaction, TxError};
 pub use keys::KeyLayout;

@@ -21,9 +21,23 @@ use store_core::{
     PurgeReport, Record, RecoveryPoint, SavedResponse, StoreError, decode_record, encode_record,
 };
 
-/// Index entries one purge transaction handles: small enough that reading
-/// their records stays far below FoundationDB's 5 s and 10 MB limits.
+/// Index entries one purge transaction handles at most.
 pub const PURGE_ENTRIES_PER_TRANSACTION: usize = 64;
+/// Record bytes one purge transaction reads at most (it stops after the
+/// record that crosses it): with the entry cap, this keeps a purge far below
+/// FoundationDB's 5 s and 10 MB limits even when every record is large.
+pub const PURGE_READ_BYTES_PER_TRANSACTION_MAX: usize = 1_000_000;
+
+/// What one purge transaction did.
+#[derive(Debug, Default)]
+struct PurgeBatch {
+    records: u64,
+    tombstones: u64,
+    /// Index entries handled (cleared), stale ones included.
+    entries: usize,
+    /// True when the shard has no more due entries.
+    drained: bool,
+}
 
 /// Milliseconds since the Unix epoch by this process's clock. FoundationDB
 /// has no server clock, so leases are timed by the application servers' own
@@ -207,27 +221,38 @@ impl<E: Engine> FdbStore<E> {
         Ok(())
     }
 
-    /// One purge transaction over one shard: up to `limit` due index entries.
-    /// Returns (records purged, tombstones purged, entries seen).
-    async fn purge_shard_batch(&self, shard: u16, limit: usize) -> Result<(u64, u64, usize), StoreError> {
+    /// One purge transaction over one shard: up to `limit` due index entries,
+    /// and no more record bytes than `PURGE_READ_BYTES_PER_TRANSACTION_MAX`.
+    async fn purge_shard_batch(&self, shard: u16, limit: usize) -> Result<PurgeBatch, StoreError> {
         self.engine
             .run(self.run_options, |tx, _maybe_committed: MaybeCommitted| async move {
                 let now = now_ms();
                 let (begin, end) = self.layout.expiry_due_range(shard, now);
                 let entries = tx.get_range(&begin, &end, limit).await?;
-                let (mut records, mut tombstones) = (0, 0);
+                let mut batch = PurgeBatch {
+                    drained: entries.len() < limit,
+                    ..PurgeBatch::default()
+                };
+                let mut bytes_read = 0;
                 for (index_key, _) in &entries {
+                    if bytes_read >= PURGE_READ_BYTES_PER_TRANSACTION_MAX {
+                        batch.drained = false;
+                        break;
+                    }
                     tx.clear(index_key)?;
+                    batch.entries += 1;
                     let Some((expires_at_ms, kind, slot)) = self.layout.parse_expiry_key(index_key) else {
                         continue;
                     };
                     if kind == KIND_RECORD {
-                        records += u64::from(self.purge_record(&tx, &slot, expires_at_ms, now).await?);
+                        let (purged, bytes) = self.purge_record(&tx, &slot, expires_at_ms, now).await?;
+                        batch.records += u64::from(purged);
+                        bytes_read += bytes;
                     } else {
-                        tombstones += u64::from(self.purge_tombstone(&tx, &slot, expires_at_ms, now).await?);
+                        batch.tombstones += u64::from(self.purge_tombstone(&tx, &slot, expires_at_ms, now).await?);
                     }
                 }
-                Ok((records, tombstones, entries.len()))
+                Ok(batch)
             })
             .await
     }
@@ -235,12 +260,20 @@ impl<E: Engine> FdbStore<E> {
     /// Deletes the record behind an index entry after re-checking that it
     /// is still the record the entry describes and that it has expired, and
     /// leaves a tombstone so a late retry is noticed.
-    async fn purge_record(&self, tx: &E::Tx, slot: &Slot, expires_at_ms: u64, now: u64) -> Result<bool, TxError> {
-        let Some(record) = read_record(tx, slot).await? else {
-            return Ok(false);
+    /// Returns whether it purged, and how many record bytes it read.
+    async fn purge_record(
+        &self,
+        tx: &E::Tx,
+        slot: &Slot,
+        expires_at_ms: u64,
+        now: u64,
+    ) -> Result<(bool, usize), TxError> {
+        let Some(bytes) = read_record_bytes(tx, slot).await? else {
+            return Ok((false, 0));
         };
+        let record = decode_record(&bytes)?;
         if record.expires_at_ms != expires_at_ms || !machine::is_purgeable(&record, now) {
-            return Ok(false);
+            return Ok((false, bytes.len()));
         }
         let (begin, end) = slot.record.range();
         tx.clear_range(&begin, &end).await?;
@@ -249,7 +282,7 @@ impl<E: Engine> FdbStore<E> {
             tx.set(&slot.tombstone_key, &tombstone_expires.to_be_bytes())?;
             tx.set(&self.layout.expiry_key(slot, tombstone_expires, KIND_TOMBSTONE), &[])?;
         }
-        Ok(true)
+        Ok((true, bytes.len()))
     }
 
     async fn purge_tombstone(&self, tx: &E::Tx, slot: &Slot, expires_at_ms: u64, now: u64) -> Result<bool, TxError> {
@@ -263,6 +296,14 @@ impl<E: Engine> FdbStore<E> {
 }
 
 async fn read_record<T: Transaction>(tx: &T, slot: &Slot) -> Result<Option<Record>, TxError> {
+    match read_record_bytes(tx, slot).await? {
+        Some(bytes) => Ok(Some(decode_record(&bytes)?)),
+        None => Ok(None),
+    }
+}
+
+/// The record's encoded bytes, its chunks joined.
+async fn read_record_bytes<T: Transaction>(tx: &T, slot: &Slot) -> Result<Option<Vec<u8>>, TxError> {
     let (begin, end) = slot.record.range();
     let chunks = tx.get_range(&begin, &end, RECORD_CHUNKS_MAX + 1).await?;
     if chunks.is_empty() {
@@ -274,8 +315,7 @@ async fn read_record<T: Transaction>(tx: &T, slot: &Slot) -> Result<Option<Recor
             detail,
         ))));
     }
-    let bytes: Vec<u8> = chunks.into_iter().flat_map(|(_, value)| value).collect();
-    Ok(Some(decode_record(&bytes)?))
+    Ok(Some(chunks.into_iter().flat_map(|(_, value)| value).collect()))
 }
 
 async fn read_tombstone<T: Transaction>(tx: &T, slot: &Slot) -> Result<Option<u64>, TxError> {
@@ -337,12 +377,13 @@ impl<E: Engine> IdempotencyStore for FdbStore<E> {
         let mut handled = 0;
         for shard in 0..crate::keys::EXPIRY_SHARDS {
             while handled < limit {
-                let batch = PURGE_ENTRIES_PER_TRANSACTION.min(limit - handled);
-                let (records, tombstones, seen) = self.purge_shard_batch(shard, batch).await?;
-                report.records_purged += records;
-                report.tombstones_purged += tombstones;
-                handled += seen;
-                if seen < batch {
+                let batch = self
+                    .purge_shard_batch(shard, PURGE_ENTRIES_PER_TRANSACTION.min(limit - handled))
+                    .await?;
+                report.records_purged += batch.records;
+                report.tombstones_purged += batch.tombstones;
+                handled += batch.entries;
+                if batch.drained {
                     break;
                 }
             }

@@ -91,3 +91,32 @@ async fn a_record_whose_retention_was_extended_is_not_purged_by_its_old_index_en
     assert_eq!(store.purge_expired(100).await.unwrap().records_purged, 0);
     assert_eq!(store.claim(&request).await.unwrap(), ClaimOutcome::Replay(response));
 }
+
+#[tokio::test]
+async fn large_records_are_purged_across_several_byte_bounded_transactions() {
+    let store = store();
+    let caller = CallerId::new("purge-large").unwrap();
+    let body = vec![7; 600_000];
+    // Four keys in one expiry shard, so that shard's batch must stop on bytes.
+    let shard_of = |key: &IdempotencyKey| store.layout().slot(&caller, key.digest()).shard;
+    let wanted_shard = shard_of(&IdempotencyKey::new("big0").unwrap());
+    let keys: Vec<IdempotencyKey> = (0..)
+        .map(|i| IdempotencyKey::new(&format!("big{i}")).unwrap())
+        .filter(|key| shard_of(key) == wanted_shard)
+        .take(4)
+        .collect();
+    for key in &keys {
+        let request = ClaimRequest::new(caller.clone(), key.clone(), Fingerprint([5; 32]));
+        let ClaimOutcome::Acquired(acquired) = store.claim(&request).await.unwrap() else {
+            panic!()
+        };
+        let response = SavedResponse::new(200, vec![], body.clone()).unwrap();
+        assert!(store.complete(&acquired.lease, response).await.unwrap().is_applied());
+    }
+    tokio::time::sleep(Duration::from_millis(RETENTION_MS + 50)).await;
+    let report = store.purge_expired(100).await.unwrap();
+    assert_eq!((report.records_purged, report.more), (4, false));
+    for key in &keys {
+        assert_eq!(store.inspect(&caller, key).await.unwrap(), None);
+    }
+}
