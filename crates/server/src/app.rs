@@ -1,0 +1,255 @@
+//! The application: state, the router, and a server that starts on a given
+//! listener and shuts down gracefully.
+//!
+//! [`router`] builds the axum `Router` from its parts, so tests can serve
+//! it on `127.0.0.1:0`; [`App::build`] opens everything a config names, and
+//! [`App::serve`] / [`App::start`] run it.
+
+use crate::auth::{Callers, require_caller};
+use crate::backend::{self, BackendError, Backends};
+use crate::carrier::{CarrierClient, CarrierServer};
+use crate::config::{BODY_BYTES_MAX, Config, ConfigError, DEMO_CALLER_ID, DEMO_TOKEN, StoreKind};
+use crate::idempotency::{Idempotency, IdempotencyLayer};
+use crate::labels::LabelStore;
+use crate::labels::handlers::{create_label, get_label};
+use crate::limits::{Limits, request_timeout, shed_overload};
+use crate::metrics::prometheus_handle;
+use crate::observe::observe;
+use crate::probes::{healthz, metrics, not_found, openapi_json, readyz};
+use crate::sweeper;
+use axum::Router;
+use axum::handler::Handler;
+use axum::middleware::{from_fn, from_fn_with_state};
+use axum::routing::{get, post};
+use metrics_exporter_prometheus::PrometheusHandle;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use store_core::StoreError;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// What every handler can reach.
+#[derive(Clone)]
+pub struct AppState {
+    pub idempotency: Idempotency,
+    pub labels: Arc<dyn LabelStore>,
+    pub carrier: Arc<CarrierClient>,
+    pub metrics: PrometheusHandle,
+    pub carrier_retry_after_s: u64,
+    pub store_kind: &'static str,
+}
+
+/// The whole HTTP API. The `/v1` routes sit behind the in-flight cap, the
+/// request budget and authentication; `POST /v1/labels` also wears the
+/// idempotency layer. Probes, metrics and the document are open.
+pub fn router(state: AppState, callers: Callers, limits: Limits) -> Router {
+    let idempotent = IdempotencyLayer::new(state.idempotency.clone(), BODY_BYTES_MAX);
+    let api = Router::new()
+        .route("/v1/labels", post(create_label.layer(idempotent)))
+        .route("/v1/labels/{label_id}", get(get_label))
+        .layer(from_fn_with_state(callers, require_caller))
+        .layer(from_fn_with_state(limits.clone(), request_timeout))
+        .layer(from_fn_with_state(limits, shed_overload));
+    Router::new()
+        .merge(api)
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .route("/openapi.json", get(openapi_json))
+        .fallback(not_found)
+        .layer(from_fn(observe))
+        .with_state(state)
+}
+
+/// Why the server did not start or stop cleanly.
+#[derive(Debug, thiserror::Error)]
+pub enum StartupError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+    #[error("carrier: {0}")]
+    Carrier(String),
+    #[error("callers: {0}")]
+    Callers(String),
+    #[error("metrics: {0}")]
+    Metrics(String),
+    #[error("network: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("flushing the store at shutdown: {0}")]
+    Flush(StoreError),
+}
+
+/// Everything a config names, opened and ready to serve.
+pub struct App {
+    config: Config,
+    state: AppState,
+    callers: Callers,
+    limits: Limits,
+    backends: Backends,
+    carrier_server: Option<CarrierServer>,
+    tasks: TaskTracker,
+}
+
+impl App {
+    /// Opens the stores and the carrier (starting the simulator in-process
+    /// when no carrier URL is configured).
+    pub async fn build(config: Config) -> Result<Self, StartupError> {
+        config.validate()?;
+        let metrics = prometheus_handle().map_err(StartupError::Metrics)?;
+        let callers = Callers::from_config(&config.callers).map_err(StartupError::Callers)?;
+        let backends = backend::open(&config).await?;
+        let (carrier_url, carrier_server) = start_carrier(&config).await?;
+        let carrier = CarrierClient::new(&carrier_url, Duration::from_millis(config.carrier.timeout_ms))
+            .map_err(StartupError::Carrier)?;
+        let tasks = TaskTracker::new();
+        let state = AppState {
+            idempotency: Idempotency::new(backends.records.clone(), tasks.clone(), config.server.retry_after_s),
+            labels: backends.labels.clone(),
+            carrier: Arc::new(carrier),
+            metrics,
+            carrier_retry_after_s: config.carrier.retry_after_s,
+            store_kind: config.store.kind.name(),
+        };
+        let limits = Limits::new(
+            config.server.in_flight_max,
+            Duration::from_millis(config.server.request_timeout_ms),
+            config.server.retry_after_s,
+        );
+        let app = Self {
+            config,
+            state,
+            callers,
+            limits,
+            backends,
+            carrier_server,
+            tasks,
+        };
+        app.log_startup(&carrier_url);
+        Ok(app)
+    }
+
+    pub fn router(&self) -> Router {
+        router(self.state.clone(), self.callers.clone(), self.limits.clone())
+    }
+
+    pub fn state(&self) -> &AppState {
+        &self.state
+    }
+
+    /// The in-process carrier simulator's URL, when one runs.
+    pub fn carrier_simulator_url(&self) -> Option<String> {
+        self.carrier_server.as_ref().map(CarrierServer::base_url)
+    }
+
+    fn log_startup(&self, carrier_url: &str) {
+        tracing::info!(store = self.config.store.kind.name(), "{}", self.backends.description);
+        if self.config.store.kind == StoreKind::Redis {
+            tracing::warn!("store.kind = \"redis\": a label and its idempotency record do NOT commit atomically");
+        }
+        match &self.carrier_server {
+            Some(_) => tracing::info!("carrier: in-process simulator at {carrier_url}"),
+            None => tracing::info!("carrier: {carrier_url}"),
+        }
+        if self.config.has_demo_caller() {
+            tracing::warn!(
+                "DEVELOPMENT CALLER ENABLED: caller {DEMO_CALLER_ID:?} with the public token {DEMO_TOKEN:?} \
+                 is accepted. Configure [[callers]] with your own token digests before exposing this server."
+            );
+        }
+    }
+
+    /// Serves on `listener` until `shutdown` completes, then stops
+    /// accepting, lets requests in flight and their idempotent work finish
+    /// (up to `server.shutdown_grace_ms`), stops the sweeper and the carrier
+    /// simulator, and flushes the store.
+    pub async fn serve(
+        self,
+        listener: TcpListener,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), StartupError> {
+        let stop = CancellationToken::new();
+        let sweeper = sweeper::spawn(self.backends.records.clone(), self.config.sweeper, stop.child_token());
+        let draining = CancellationToken::new();
+        let signal = draining.clone();
+        tokio::spawn(async move {
+            shutdown.await;
+            signal.cancel();
+        });
+        let grace = Duration::from_millis(self.config.server.shutdown_grace_ms);
+        let graceful = draining.clone().cancelled_owned();
+        let server = axum::serve(listener, self.router()).with_graceful_shutdown(graceful);
+        tokio::select! {
+            served = server => served?,
+            () = async { draining.cancelled().await; tokio::time::sleep(grace).await } => {
+                tracing::warn!("shutdown grace period over with requests still in flight");
+            }
+        }
+        self.tasks.close();
+        if tokio::time::timeout(grace, self.tasks.wait()).await.is_err() {
+            tracing::warn!("shutdown grace period over with idempotent work still running");
+        }
+        stop.cancel();
+        let _ = sweeper.await;
+        if let Some(carrier) = self.carrier_server {
+            carrier.stop().await;
+        }
+        self.backends.flush().map_err(StartupError::Flush)?;
+        tracing::info!("stopped");
+        Ok(())
+    }
+
+    /// Serves in a background task; for tests and embedding.
+    pub fn start(self, listener: TcpListener) -> Result<RunningServer, StartupError> {
+        let addr = listener.local_addr()?;
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(self.serve(listener, stop.clone().cancelled_owned()));
+        Ok(RunningServer { addr, stop, task })
+    }
+}
+
+async fn start_carrier(config: &Config) -> Result<(String, Option<CarrierServer>), StartupError> {
+    if !config.carrier.url.is_empty() {
+        return Ok((config.carrier.url.clone(), None));
+    }
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let server = CarrierServer::start(&config.carrier.simulator, listener)
+        .await
+        .map_err(|error| StartupError::Carrier(format!("simulator: {error}")))?;
+    Ok((server.base_url(), Some(server)))
+}
+
+/// A server running in the background.
+pub struct RunningServer {
+    addr: SocketAddr,
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<Result<(), StartupError>>,
+}
+
+impl RunningServer {
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://127.0.0.1:PORT`.
+    pub fn base_url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Starts a graceful shutdown without waiting for it.
+    pub fn begin_shutdown(&self) {
+        self.stop.cancel();
+    }
+
+    /// Graceful shutdown, as on SIGTERM; waits until the store is flushed.
+    pub async fn shutdown(self) -> Result<(), StartupError> {
+        self.stop.cancel();
+        match self.task.await {
+            Ok(result) => result,
+            Err(error) => Err(StartupError::Io(std::io::Error::other(error.to_string()))),
+        }
+    }
+}

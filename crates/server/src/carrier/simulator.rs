@@ -1,0 +1,472 @@
+//! A carrier to run against: sells labels at `POST /carrier/v1/labels`
+//! with its own idempotency (store-core on the embedded engine), and counts
+//! every purchase so an audit can prove no label was bought twice.
+//!
+//! Each sale takes its latency after the key is claimed, so a repeat that
+//! arrives meanwhile gets 409. Faults follow the config (latency distribution, error rate,
+//! lost-reply rate), or a script of steps that a test queues at
+//! `POST /carrier/v1/script`. A lost reply is a purchase that commits and
+//! then the connection closes without an answer, which is why the simulator
+//! serves HTTP with hyper directly: an axum handler cannot drop a connection.
+//!
+//! Purchases are rows in the store's effects subspace, written in the same
+//! transaction as the carrier's own record (`complete_with`), so the counts
+//! in `GET /carrier/v1/stats` are exactly what was bought.
+
+use super::{CARRIER_LABELS_PATH, CARRIER_SCRIPT_PATH, CARRIER_STATS_PATH, CarrierLabel, CarrierLabelRequest};
+use crate::config::SimulatorConfig;
+use crate::idempotency::saved::response_from_saved;
+use crate::key_header::idempotency_key;
+use crate::labels::ShippingService;
+use axum::Json;
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use hyper_util::rt::TokioIo;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, VecDeque};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use store_core::{
+    CallerId, ClaimOutcome, ClaimRequest, Fenced, Fingerprint, HeldLease, IdempotencyStore, Policy, SavedResponse,
+    StoreError,
+};
+use store_fdb::{Durability, EmbeddedConfig, EmbeddedStore, Engine, RunOptions, Transaction, TxError};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tower::ServiceExt;
+
+/// The account the Label service buys under, at the carrier.
+pub const CARRIER_ACCOUNT: &str = "label-service";
+/// Most steps a script may queue.
+pub const SCRIPT_STEPS_MAX: usize = 10_000;
+/// Most purchases the stats endpoint reads.
+pub const STATS_PURCHASES_MAX: usize = 1_000_000;
+/// Largest request body the simulator reads, in bytes.
+pub const SIMULATOR_BODY_BYTES_MAX: usize = 64 * 1024;
+
+/// A fault the simulator injects into one call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum SimulatedFault {
+    #[default]
+    None,
+    /// Answer 503 before buying anything.
+    Error,
+    /// Buy, then close the connection without an answer.
+    LostReply,
+}
+
+/// What the simulator does with one call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct ScriptStep {
+    pub delay_ms: u64,
+    pub fault: SimulatedFault,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Script {
+    steps: Vec<ScriptStep>,
+}
+
+/// Purchases of one parcel.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ParcelPurchases {
+    pub order_id: u64,
+    pub parcel_no: u32,
+    pub label_version: u32,
+    pub purchases: u64,
+}
+
+/// The audit: what was bought, and how many repeats were deduplicated.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CarrierStats {
+    pub requests_total: u64,
+    pub purchases_total: u64,
+    pub deduplicated_repeats: u64,
+    pub in_progress_answers: u64,
+    pub errors_injected: u64,
+    pub replies_dropped: u64,
+    pub purchases_by_carrier_key: BTreeMap<String, u64>,
+    pub purchases_by_parcel: Vec<ParcelPurchases>,
+}
+
+/// One purchase row.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Purchase {
+    carrier_key: String,
+    order_id: u64,
+    parcel_no: u32,
+    label_version: u32,
+}
+
+#[derive(Default)]
+struct Counters {
+    requests: AtomicU64,
+    deduplicated_repeats: AtomicU64,
+    in_progress_answers: AtomicU64,
+    errors_injected: AtomicU64,
+    replies_dropped: AtomicU64,
+}
+
+struct Simulator {
+    store: EmbeddedStore,
+    config: SimulatorConfig,
+    account: CallerId,
+    rng: Mutex<StdRng>,
+    script: Mutex<VecDeque<ScriptStep>>,
+    counters: Counters,
+}
+
+/// Marks a response the connection must drop instead of sending.
+#[derive(Debug, Clone, Copy)]
+struct DropReply;
+
+#[derive(Debug, thiserror::Error)]
+#[error("the simulated carrier dropped its reply")]
+struct ReplyDropped;
+
+/// A running simulator. Stop it with [`CarrierServer::stop`].
+pub struct CarrierServer {
+    addr: SocketAddr,
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl CarrierServer {
+    /// Opens the simulator's store and serves on `listener` until stopped.
+    pub async fn start(config: &SimulatorConfig, listener: TcpListener) -> Result<Self, StoreError> {
+        let simulator = Arc::new(Simulator::open(config)?);
+        let addr = listener
+            .local_addr()
+            .map_err(|error| StoreError::unavailable("carrier listener", error))?;
+        let stop = CancellationToken::new();
+        let router = axum::Router::new()
+            .route(CARRIER_LABELS_PATH, post(sell_label))
+            .route(CARRIER_STATS_PATH, get(stats))
+            .route(CARRIER_SCRIPT_PATH, post(queue_script))
+            .layer(axum::extract::DefaultBodyLimit::max(SIMULATOR_BODY_BYTES_MAX))
+            .with_state(simulator);
+        let task = tokio::spawn(serve(listener, router, stop.clone()));
+        Ok(Self { addr, stop, task })
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://127.0.0.1:PORT`.
+    pub fn base_url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Stops accepting connections; connections in progress are dropped.
+    pub async fn stop(self) {
+        self.stop.cancel();
+        let _ = self.task.await;
+    }
+}
+
+/// Accepts connections until `stop`; each is served by hyper's HTTP/1
+/// connection, whose service may fail a request to drop the reply.
+async fn serve(listener: TcpListener, router: axum::Router, stop: CancellationToken) {
+    let connections = tokio_util::task::TaskTracker::new();
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            () = stop.cancelled() => break,
+        };
+        let Ok((stream, _peer)) = accepted else {
+            // Out of file descriptors or similar: pause instead of spinning.
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            continue;
+        };
+        let router = router.clone();
+        let service = hyper::service::service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
+            let router = router.clone();
+            async move {
+                let response = match router.oneshot(request.map(Body::new)).await {
+                    Ok(response) => response,
+                    Err(never) => match never {},
+                };
+                match response.extensions().get::<DropReply>() {
+                    Some(DropReply) => Err(ReplyDropped),
+                    None => Ok(response),
+                }
+            }
+        });
+        let stop = stop.clone();
+        connections.spawn(async move {
+            let connection = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service);
+            tokio::select! {
+                _ = connection => {}
+                () = stop.cancelled() => {}
+            }
+        });
+    }
+    connections.close();
+    connections.wait().await;
+}
+
+impl Simulator {
+    fn open(config: &SimulatorConfig) -> Result<Self, StoreError> {
+        let store_config = if config.data_dir.is_empty() {
+            EmbeddedConfig {
+                durability: Durability::Buffer,
+                ..EmbeddedConfig::temporary()
+            }
+        } else {
+            EmbeddedConfig::new(&config.data_dir)
+        };
+        let store = EmbeddedStore::open_embedded(&store_config, Policy::default())?;
+        let seed = if config.seed == 0 { rand::random() } else { config.seed };
+        let account = CallerId::new(CARRIER_ACCOUNT).map_err(StoreError::InvalidInput)?;
+        Ok(Self {
+            store,
+            config: config.clone(),
+            account,
+            rng: Mutex::new(StdRng::seed_from_u64(seed)),
+            script: Mutex::new(VecDeque::new()),
+            counters: Counters::default(),
+        })
+    }
+
+    /// The next scripted step, or one drawn from the configured distribution.
+    fn next_step(&self) -> ScriptStep {
+        if let Some(step) = self.script.lock().unwrap_or_else(|p| p.into_inner()).pop_front() {
+            return step;
+        }
+        let config = &self.config;
+        let mut rng = self.rng.lock().unwrap_or_else(|p| p.into_inner());
+        let delay_ms = if config.slow_rate > 0.0 && rng.random_bool(config.slow_rate) {
+            config.slow_ms
+        } else {
+            rng.random_range(config.latency_ms_min..=config.latency_ms_max)
+        };
+        let fault = if config.error_rate > 0.0 && rng.random_bool(config.error_rate) {
+            SimulatedFault::Error
+        } else if config.lost_reply_rate > 0.0 && rng.random_bool(config.lost_reply_rate) {
+            SimulatedFault::LostReply
+        } else {
+            SimulatedFault::None
+        };
+        ScriptStep { delay_ms, fault }
+    }
+
+    fn random_digits(&self, modulus: u64) -> u64 {
+        self.rng
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .random_range(0..modulus)
+    }
+}
+
+fn carrier_problem(status: StatusCode, detail: &str) -> Response {
+    let body = serde_json::json!({ "status": status.as_u16(), "detail": detail });
+    let mut response = (status, Json(body)).into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/problem+json"),
+    );
+    response
+}
+
+/// `POST /carrier/v1/labels`.
+async fn sell_label(State(simulator): State<Arc<Simulator>>, headers: HeaderMap, body: Bytes) -> Response {
+    simulator.counters.requests.fetch_add(1, Ordering::Relaxed);
+    let step = simulator.next_step();
+    let key = match idempotency_key(&headers) {
+        Ok(key) => key,
+        Err(error) => return carrier_problem(StatusCode::BAD_REQUEST, &error.to_string()),
+    };
+    let fingerprint = Fingerprint::of_request("POST", CARRIER_LABELS_PATH, &body);
+    let claim = ClaimRequest::new(simulator.account.clone(), key.clone(), fingerprint);
+    let mut response = match simulator.store.claim(&claim).await {
+        Ok(ClaimOutcome::Acquired(acquired)) => {
+            // The sale runs in a task of its own, like a real carrier's: a
+            // caller that hangs up mid-sale does not stop it.
+            let simulator = simulator.clone();
+            let sale = tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(step.delay_ms)).await;
+                sell_once(&simulator, &acquired.lease, key.as_str(), &body, step.fault).await
+            });
+            match sale.await {
+                Ok(response) => response,
+                Err(error) => carrier_problem(StatusCode::INTERNAL_SERVER_ERROR, &format!("sale failed: {error}")),
+            }
+        }
+        Ok(ClaimOutcome::Replay(saved)) => {
+            simulator.counters.deduplicated_repeats.fetch_add(1, Ordering::Relaxed);
+            response_from_saved(&saved, true)
+        }
+        Ok(ClaimOutcome::InProgress { retry_after_ms }) => {
+            simulator.counters.in_progress_answers.fetch_add(1, Ordering::Relaxed);
+            let mut response = carrier_problem(StatusCode::CONFLICT, "a call with this key is in progress");
+            let seconds = crate::error::retry_after_seconds(retry_after_ms);
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+            response
+        }
+        Ok(ClaimOutcome::Mismatch) => carrier_problem(StatusCode::UNPROCESSABLE_ENTITY, "key reused with another body"),
+        Err(error) => carrier_problem(StatusCode::SERVICE_UNAVAILABLE, &format!("carrier store: {error}")),
+    };
+    if step.fault == SimulatedFault::LostReply && response.status().is_success() {
+        simulator.counters.replies_dropped.fetch_add(1, Ordering::Relaxed);
+        response.extensions_mut().insert(DropReply);
+    }
+    response
+}
+
+/// A claimed call: fail (injected), refuse (bad body) or buy.
+async fn sell_once(
+    simulator: &Simulator,
+    lease: &HeldLease,
+    carrier_key: &str,
+    body: &[u8],
+    fault: SimulatedFault,
+) -> Response {
+    if fault == SimulatedFault::Error {
+        simulator.counters.errors_injected.fetch_add(1, Ordering::Relaxed);
+        let _ = simulator.store.release(lease).await;
+        return carrier_problem(StatusCode::SERVICE_UNAVAILABLE, "injected carrier error");
+    }
+    let request: CarrierLabelRequest = match serde_json::from_slice(body) {
+        Ok(request) => request,
+        Err(error) => {
+            let _ = simulator.store.abandon(lease).await;
+            return carrier_problem(StatusCode::BAD_REQUEST, &format!("body: {error}"));
+        }
+    };
+    let label = make_label(simulator, &request);
+    let purchase = Purchase {
+        carrier_key: carrier_key.to_owned(),
+        order_id: request.order_id,
+        parcel_no: request.parcel_no,
+        label_version: request.label_version,
+    };
+    match buy(simulator, lease, &label, &purchase).await {
+        Ok(Fenced::Applied(saved)) => response_from_saved(&saved, false),
+        Ok(Fenced::LeaseLost) => carrier_problem(StatusCode::CONFLICT, "another call took this key over"),
+        Err(error) => carrier_problem(StatusCode::SERVICE_UNAVAILABLE, &format!("carrier store: {error}")),
+    }
+}
+
+fn make_label(simulator: &Simulator, request: &CarrierLabelRequest) -> CarrierLabel {
+    let (prefix, base_cents, cents_per_kg) = match request.service {
+        ShippingService::Ground => ("GRD", 450, 40),
+        ShippingService::Express => ("EXP", 1_200, 95),
+    };
+    let kilograms = u64::from(request.weight_g).div_ceil(1_000);
+    CarrierLabel {
+        carrier_label_id: format!("lbl_{:016x}", simulator.random_digits(u64::MAX)),
+        tracking_no: format!(
+            "{prefix}{:09}{:03}{:06}",
+            request.order_id % 1_000_000_000,
+            request.parcel_no % 1_000,
+            simulator.random_digits(1_000_000)
+        ),
+        cost_cents: base_cents + cents_per_kg * kilograms,
+        order_id: request.order_id,
+        parcel_no: request.parcel_no,
+        label_version: request.label_version,
+        service: request.service,
+        weight_g: request.weight_g,
+    }
+}
+
+/// The purchase row and the carrier's record commit together.
+async fn buy(
+    simulator: &Simulator,
+    lease: &HeldLease,
+    label: &CarrierLabel,
+    purchase: &Purchase,
+) -> Result<Fenced<SavedResponse>, StoreError> {
+    let key = simulator
+        .store
+        .layout()
+        .effects()
+        .pack(&("purchase", label.carrier_label_id.as_str()));
+    let row = serde_json::to_vec(purchase).map_err(|error| StoreError::refused("purchase row", error))?;
+    let body = serde_json::to_vec(label).map_err(|error| StoreError::refused("carrier label", error))?;
+    let saved = SavedResponse::new(201, vec![("content-type".into(), "application/json".into())], body)?;
+    let (key, row, saved) = (&key, &row, &saved);
+    simulator
+        .store
+        .complete_with(lease, |tx| async move {
+            tx.set(key, row)?;
+            Ok::<_, TxError>(saved.clone())
+        })
+        .await
+}
+
+/// `GET /carrier/v1/stats`.
+async fn stats(State(simulator): State<Arc<Simulator>>) -> Response {
+    match read_stats(&simulator).await {
+        Ok(stats) => Json(stats).into_response(),
+        Err(error) => carrier_problem(StatusCode::SERVICE_UNAVAILABLE, &format!("carrier store: {error}")),
+    }
+}
+
+async fn read_stats(simulator: &Simulator) -> Result<CarrierStats, StoreError> {
+    let (begin, end) = simulator.store.layout().effects().subspace(&("purchase",)).range();
+    let (begin, end) = (&begin, &end);
+    let rows = simulator
+        .store
+        .engine()
+        .run(RunOptions::default(), |tx, _| async move {
+            Ok(tx.get_range(begin, end, STATS_PURCHASES_MAX).await?)
+        })
+        .await?;
+    let mut by_key: BTreeMap<String, u64> = BTreeMap::new();
+    let mut by_parcel: BTreeMap<(u64, u32, u32), u64> = BTreeMap::new();
+    for (_, value) in &rows {
+        let purchase: Purchase = serde_json::from_slice(value)
+            .map_err(|error| StoreError::Corrupt(store_core::CodecError::Malformed(error.to_string())))?;
+        *by_key.entry(purchase.carrier_key).or_default() += 1;
+        *by_parcel
+            .entry((purchase.order_id, purchase.parcel_no, purchase.label_version))
+            .or_default() += 1;
+    }
+    let counters = &simulator.counters;
+    Ok(CarrierStats {
+        requests_total: counters.requests.load(Ordering::Relaxed),
+        purchases_total: rows.len() as u64,
+        deduplicated_repeats: counters.deduplicated_repeats.load(Ordering::Relaxed),
+        in_progress_answers: counters.in_progress_answers.load(Ordering::Relaxed),
+        errors_injected: counters.errors_injected.load(Ordering::Relaxed),
+        replies_dropped: counters.replies_dropped.load(Ordering::Relaxed),
+        purchases_by_carrier_key: by_key,
+        purchases_by_parcel: by_parcel
+            .into_iter()
+            .map(|((order_id, parcel_no, label_version), purchases)| ParcelPurchases {
+                order_id,
+                parcel_no,
+                label_version,
+                purchases,
+            })
+            .collect(),
+    })
+}
+
+/// `POST /carrier/v1/script`: queue steps for the next calls, in order.
+async fn queue_script(State(simulator): State<Arc<Simulator>>, body: Bytes) -> Response {
+    let script: Script = match serde_json::from_slice(&body) {
+        Ok(script) => script,
+        Err(error) => return carrier_problem(StatusCode::BAD_REQUEST, &format!("script: {error}")),
+    };
+    let mut queue = simulator.script.lock().unwrap_or_else(|p| p.into_inner());
+    if queue.len() + script.steps.len() > SCRIPT_STEPS_MAX {
+        return carrier_problem(StatusCode::BAD_REQUEST, "too many queued steps");
+    }
+    queue.extend(script.steps);
+    StatusCode::NO_CONTENT.into_response()
+}

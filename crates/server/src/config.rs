@@ -1,0 +1,766 @@
+//! The server's configuration: a TOML file (`--config`), then environment
+//! overrides, then validation.
+//!
+//! Every field can be overridden by an environment variable named
+//! `IDEM__` plus the field's path in upper case with `__` between the parts:
+//! `IDEM__SERVER__LISTEN=0.0.0.0:8080`, `IDEM__STORE__KIND=redis`,
+//! `IDEM__STORE__REDIS__URLS='["redis://127.0.0.1:6379"]'`,
+//! `IDEM__CALLERS='[{id = "fulfilment", token_sha256 = "…"}]'`. The value is
+//! read as a TOML value when it is one (numbers, booleans, arrays, quoted
+//! strings) and as a plain string otherwise; quote a string that looks like
+//! a number (`IDEM__STORE__REDIS__KEY_PREFIX='"123"'`).
+//!
+//! Unknown fields, in the file or the environment, are refused: a typo must
+//! not silently fall back to a default. Every refusal names the field.
+
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use store_core::{CallerId, PURGE_BATCH_MAX, Policy};
+
+/// Prefix of the environment variables that override the file.
+pub const ENV_PREFIX: &str = "IDEM__";
+/// Separator between the parts of a field path in a variable name.
+pub const ENV_SEPARATOR: &str = "__";
+
+/// Default listen address: loopback only, so a first run exposes nothing.
+pub const LISTEN_DEFAULT: &str = "127.0.0.1:8080";
+/// Default data directory of the embedded store (ignored by git).
+pub const DATA_DIR_DEFAULT: &str = "./data";
+/// Largest request body the API reads, in bytes.
+pub const BODY_BYTES_MAX: usize = 64 * 1024;
+/// Default budget of one request, from its first byte to its answer.
+pub const REQUEST_TIMEOUT_MS_DEFAULT: u64 = 25_000;
+/// Longest request budget accepted.
+pub const REQUEST_TIMEOUT_MS_MAX: u64 = 10 * 60 * 1000;
+/// Default cap on API requests in flight; beyond it the API answers 503 overloaded at once.
+pub const IN_FLIGHT_MAX_DEFAULT: usize = 1_024;
+/// Largest in-flight cap accepted.
+pub const IN_FLIGHT_MAX_LIMIT: usize = 100_000;
+/// Default time shutdown waits for requests and their work to finish.
+pub const SHUTDOWN_GRACE_MS_DEFAULT: u64 = 30_000;
+/// `Retry-After` for store outages and overload, in seconds.
+pub const RETRY_AFTER_S_DEFAULT: u64 = 1;
+/// Longest `Retry-After` the config may set, in seconds.
+pub const RETRY_AFTER_S_MAX: u64 = 3_600;
+/// Default carrier call timeout (the seed's 20 s, inside the 30 s lease).
+pub const CARRIER_TIMEOUT_MS_DEFAULT: u64 = 20_000;
+/// Longest carrier timeout accepted.
+pub const CARRIER_TIMEOUT_MS_MAX: u64 = 10 * 60 * 1000;
+/// Default sweeper interval.
+pub const SWEEPER_INTERVAL_MS_DEFAULT: u64 = 60_000;
+/// Shortest sweeper interval accepted.
+pub const SWEEPER_INTERVAL_MS_MIN: u64 = 10;
+/// Default records purged per batch.
+pub const SWEEPER_BATCH_MAX_DEFAULT: usize = 1_000;
+/// Default batches per sweeper run, so one run stays bounded.
+pub const SWEEPER_BATCHES_PER_RUN_DEFAULT: usize = 100;
+/// Longest simulated carrier latency accepted.
+pub const SIMULATOR_LATENCY_MS_MAX: u64 = 10 * 60 * 1000;
+
+/// The development caller's id.
+pub const DEMO_CALLER_ID: &str = "demo";
+/// The development caller's token. Only its SHA-256 is in the default
+/// config; the server warns loudly whenever this token is accepted.
+pub const DEMO_TOKEN: &str = "demo-token";
+
+/// Why a configuration was refused; always names the field.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("config file {path} is not valid TOML: {message}")]
+    Syntax { path: String, message: String },
+    #[error("environment variable {variable}: {message}")]
+    Environment { variable: String, message: String },
+    #[error("config: {0}")]
+    Shape(String),
+    #[error("config field {field}: {message}")]
+    Field { field: &'static str, message: String },
+}
+
+fn field_error(field: &'static str, message: impl Into<String>) -> ConfigError {
+    ConfigError::Field {
+        field,
+        message: message.into(),
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub server: ServerConfig,
+    /// Who may call the API. The default is the one development caller.
+    pub callers: Vec<CallerConfig>,
+    pub policy: PolicyConfig,
+    pub store: StoreConfig,
+    pub carrier: CarrierConfig,
+    pub sweeper: SweeperConfig,
+    pub log: LogConfig,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    /// `host:port`; port 0 picks a free port (tests).
+    pub listen: String,
+    pub request_timeout_ms: u64,
+    pub in_flight_max: usize,
+    pub shutdown_grace_ms: u64,
+    /// `Retry-After` on store outages, overload and timeouts.
+    pub retry_after_s: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CallerConfig {
+    pub id: String,
+    /// Hex SHA-256 of the caller's bearer token (`server hash-token TOKEN`).
+    pub token_sha256: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PolicyConfig {
+    pub lease_ms: u64,
+    pub retention_ms: u64,
+    pub tombstone_ms: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StoreKind {
+    Embedded,
+    Foundationdb,
+    Redis,
+    Postgres,
+}
+
+impl StoreKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            StoreKind::Embedded => "embedded",
+            StoreKind::Foundationdb => "foundationdb",
+            StoreKind::Redis => "redis",
+            StoreKind::Postgres => "postgres",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StoreConfig {
+    pub kind: StoreKind,
+    /// The embedded store: records with kind = "embedded", labels with kind = "redis".
+    pub embedded: EmbeddedStoreConfig,
+    pub redis: RedisStoreConfig,
+    pub postgres: PostgresStoreConfig,
+    pub foundationdb: FoundationDbStoreConfig,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DurabilityConfig {
+    SyncData,
+    SyncAll,
+    Buffer,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EmbeddedStoreConfig {
+    pub path: PathBuf,
+    pub durability: DurabilityConfig,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RedisStoreConfig {
+    pub urls: Vec<String>,
+    pub cluster: bool,
+    pub key_prefix: String,
+    pub response_timeout_ms: u64,
+    pub connection_timeout_ms: u64,
+    pub accept_eviction: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PostgresStoreConfig {
+    pub url: String,
+    pub pool_size: usize,
+    pub connect_timeout_ms: u64,
+    pub statement_timeout_ms: u64,
+    pub operation_timeout_ms: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FoundationDbStoreConfig {
+    /// The cluster file; empty means the client's default.
+    pub cluster_file: String,
+    pub key_prefix: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CarrierConfig {
+    /// Base URL of the carrier (`http://127.0.0.1:9090`). Empty: start the
+    /// simulator in-process.
+    pub url: String,
+    /// Budget of one carrier call; must be shorter than the lease.
+    pub timeout_ms: u64,
+    /// `Retry-After` when the carrier gave no definite answer.
+    pub retry_after_s: u64,
+    pub simulator: SimulatorConfig,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SimulatorConfig {
+    /// Each call waits a uniform time in [latency_ms_min, latency_ms_max].
+    pub latency_ms_min: u64,
+    pub latency_ms_max: u64,
+    /// A fraction of calls wait `slow_ms` instead: the distribution's tail.
+    pub slow_rate: f64,
+    pub slow_ms: u64,
+    /// Fraction of calls answered 503 before any purchase.
+    pub error_rate: f64,
+    /// Fraction of purchases whose reply is dropped (connection closed).
+    pub lost_reply_rate: f64,
+    /// Seed of the simulator's random choices; 0 picks one at random.
+    pub seed: u64,
+    /// Where the simulator keeps its keys; empty: a temporary directory.
+    pub data_dir: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SweeperConfig {
+    pub interval_ms: u64,
+    pub batch_max: usize,
+    pub batches_per_run_max: usize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogConfig {
+    pub format: LogFormat,
+    /// A tracing filter (`info`, `server=debug,info`); RUST_LOG wins when set.
+    pub level: String,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            server: ServerConfig::default(),
+            callers: vec![CallerConfig::demo()],
+            policy: PolicyConfig::default(),
+            store: StoreConfig::default(),
+            carrier: CarrierConfig::default(),
+            sweeper: SweeperConfig::default(),
+            log: LogConfig::default(),
+        }
+    }
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            listen: LISTEN_DEFAULT.to_owned(),
+            request_timeout_ms: REQUEST_TIMEOUT_MS_DEFAULT,
+            in_flight_max: IN_FLIGHT_MAX_DEFAULT,
+            shutdown_grace_ms: SHUTDOWN_GRACE_MS_DEFAULT,
+            retry_after_s: RETRY_AFTER_S_DEFAULT,
+        }
+    }
+}
+
+impl CallerConfig {
+    /// The development caller: id `demo`, token `demo-token`.
+    pub fn demo() -> Self {
+        Self {
+            id: DEMO_CALLER_ID.to_owned(),
+            token_sha256: token_sha256(DEMO_TOKEN),
+        }
+    }
+}
+
+/// Hex SHA-256 of a bearer token, as the config stores it.
+pub fn token_sha256(token: &str) -> String {
+    hex::encode(Sha256::digest(token.as_bytes()))
+}
+
+impl Default for PolicyConfig {
+    fn default() -> Self {
+        let policy = Policy::default();
+        Self {
+            lease_ms: policy.lease_ms(),
+            retention_ms: policy.retention_ms(),
+            tombstone_ms: policy.tombstone_ms(),
+        }
+    }
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        Self {
+            kind: StoreKind::Embedded,
+            embedded: EmbeddedStoreConfig::default(),
+            redis: RedisStoreConfig::default(),
+            postgres: PostgresStoreConfig::default(),
+            foundationdb: FoundationDbStoreConfig::default(),
+        }
+    }
+}
+
+impl Default for EmbeddedStoreConfig {
+    fn default() -> Self {
+        Self {
+            path: PathBuf::from(DATA_DIR_DEFAULT),
+            durability: DurabilityConfig::SyncData,
+        }
+    }
+}
+
+impl Default for RedisStoreConfig {
+    fn default() -> Self {
+        let defaults = store_redis::RedisConfig::standalone("");
+        Self {
+            urls: Vec::new(),
+            cluster: false,
+            key_prefix: defaults.key_prefix,
+            response_timeout_ms: defaults.response_timeout_ms,
+            connection_timeout_ms: defaults.connection_timeout_ms,
+            accept_eviction: false,
+        }
+    }
+}
+
+impl Default for PostgresStoreConfig {
+    fn default() -> Self {
+        Self {
+            url: String::new(),
+            pool_size: store_postgres::POOL_SIZE_DEFAULT,
+            connect_timeout_ms: store_postgres::CONNECT_TIMEOUT_MS_DEFAULT,
+            statement_timeout_ms: store_postgres::STATEMENT_TIMEOUT_MS_DEFAULT,
+            operation_timeout_ms: store_postgres::OPERATION_TIMEOUT_MS_DEFAULT,
+        }
+    }
+}
+
+impl Default for FoundationDbStoreConfig {
+    fn default() -> Self {
+        Self {
+            cluster_file: String::new(),
+            key_prefix: "idem".to_owned(),
+        }
+    }
+}
+
+impl Default for CarrierConfig {
+    fn default() -> Self {
+        Self {
+            url: String::new(),
+            timeout_ms: CARRIER_TIMEOUT_MS_DEFAULT,
+            retry_after_s: RETRY_AFTER_S_DEFAULT,
+            simulator: SimulatorConfig::default(),
+        }
+    }
+}
+
+impl Default for SimulatorConfig {
+    fn default() -> Self {
+        Self {
+            latency_ms_min: 20,
+            latency_ms_max: 80,
+            slow_rate: 0.0,
+            slow_ms: 0,
+            error_rate: 0.0,
+            lost_reply_rate: 0.0,
+            seed: 0,
+            data_dir: String::new(),
+        }
+    }
+}
+
+impl Default for SweeperConfig {
+    fn default() -> Self {
+        Self {
+            interval_ms: SWEEPER_INTERVAL_MS_DEFAULT,
+            batch_max: SWEEPER_BATCH_MAX_DEFAULT,
+            batches_per_run_max: SWEEPER_BATCHES_PER_RUN_DEFAULT,
+        }
+    }
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        Self {
+            format: LogFormat::Text,
+            level: "info".to_owned(),
+        }
+    }
+}
+
+impl Config {
+    /// Reads the file (if any), applies `IDEM__*` overrides from `env`, and
+    /// validates the result.
+    pub fn load(path: Option<&Path>, env: impl IntoIterator<Item = (String, String)>) -> Result<Self, ConfigError> {
+        let mut table = match path {
+            Some(path) => read_table(path)?,
+            None => toml::Table::new(),
+        };
+        for (variable, value) in env {
+            apply_override(&mut table, &variable, &value)?;
+        }
+        let config: Config = toml::Value::Table(table)
+            .try_into()
+            .map_err(|error: toml::de::Error| ConfigError::Shape(error.message().to_owned()))?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Loads from the file and this process's environment.
+    pub fn from_process(path: Option<&Path>) -> Result<Self, ConfigError> {
+        Self::load(path, std::env::vars())
+    }
+
+    /// The store policy, already checked by [`Config::validate`].
+    pub fn policy(&self) -> Result<Policy, ConfigError> {
+        let PolicyConfig {
+            lease_ms,
+            retention_ms,
+            tombstone_ms,
+        } = self.policy;
+        Policy::new(lease_ms, retention_ms, tombstone_ms).map_err(|error| field_error("policy", error.to_string()))
+    }
+
+    pub fn listen_addr(&self) -> Result<SocketAddr, ConfigError> {
+        self.server.listen.parse().map_err(|error| {
+            field_error(
+                "server.listen",
+                format!("{:?} is not host:port: {error}", self.server.listen),
+            )
+        })
+    }
+
+    /// True when the development caller's token is accepted.
+    pub fn has_demo_caller(&self) -> bool {
+        let demo = token_sha256(DEMO_TOKEN);
+        self.callers.iter().any(|caller| caller.token_sha256 == demo)
+    }
+
+    /// Checks every field; the first refusal names its field.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.listen_addr()?;
+        self.validate_server()?;
+        self.validate_callers()?;
+        let policy = self.policy()?;
+        self.validate_carrier(&policy)?;
+        self.validate_simulator()?;
+        self.validate_sweeper()?;
+        self.validate_store()
+    }
+
+    fn validate_server(&self) -> Result<(), ConfigError> {
+        let server = &self.server;
+        check_range(
+            "server.request_timeout_ms",
+            server.request_timeout_ms,
+            1,
+            REQUEST_TIMEOUT_MS_MAX,
+        )?;
+        check_range(
+            "server.in_flight_max",
+            server.in_flight_max as u64,
+            1,
+            IN_FLIGHT_MAX_LIMIT as u64,
+        )?;
+        check_range(
+            "server.shutdown_grace_ms",
+            server.shutdown_grace_ms,
+            0,
+            REQUEST_TIMEOUT_MS_MAX,
+        )?;
+        check_range("server.retry_after_s", server.retry_after_s, 1, RETRY_AFTER_S_MAX)
+    }
+
+    fn validate_callers(&self) -> Result<(), ConfigError> {
+        if self.callers.is_empty() {
+            return Err(field_error("callers", "at least one caller is required"));
+        }
+        let (mut ids, mut digests) = (HashSet::new(), HashSet::new());
+        for caller in &self.callers {
+            CallerId::new(caller.id.as_str())
+                .map_err(|error| field_error("callers.id", format!("{:?}: {error}", caller.id)))?;
+            let digest_ok =
+                caller.token_sha256.len() == 64 && caller.token_sha256.bytes().all(|b| b.is_ascii_hexdigit());
+            if !digest_ok {
+                return Err(field_error(
+                    "callers.token_sha256",
+                    format!(
+                        "caller {:?}: must be 64 hex characters (server hash-token TOKEN)",
+                        caller.id
+                    ),
+                ));
+            }
+            if !ids.insert(caller.id.as_str()) {
+                return Err(field_error("callers.id", format!("{:?} appears twice", caller.id)));
+            }
+            if !digests.insert(caller.token_sha256.to_ascii_lowercase()) {
+                return Err(field_error("callers.token_sha256", "two callers share one token"));
+            }
+        }
+        Ok(())
+    }
+
+    fn validate_carrier(&self, policy: &Policy) -> Result<(), ConfigError> {
+        let carrier = &self.carrier;
+        check_range("carrier.timeout_ms", carrier.timeout_ms, 1, CARRIER_TIMEOUT_MS_MAX)?;
+        check_range("carrier.retry_after_s", carrier.retry_after_s, 1, RETRY_AFTER_S_MAX)?;
+        // The seed's rule: an attempt must get its carrier answer (or give
+        // up) while it still holds the lease, or two attempts run at once.
+        if policy.lease_ms() <= carrier.timeout_ms {
+            return Err(field_error(
+                "policy.lease_ms",
+                format!(
+                    "the lease ({} ms) must be longer than carrier.timeout_ms ({} ms)",
+                    policy.lease_ms(),
+                    carrier.timeout_ms
+                ),
+            ));
+        }
+        if !carrier.url.is_empty() && !carrier.url.starts_with("http://") {
+            return Err(field_error(
+                "carrier.url",
+                "must start with http:// (or be empty for the simulator)",
+            ));
+        }
+        Ok(())
+    }
+
+    fn validate_simulator(&self) -> Result<(), ConfigError> {
+        let simulator = &self.carrier.simulator;
+        for (field, rate) in [
+            ("carrier.simulator.slow_rate", simulator.slow_rate),
+            ("carrier.simulator.error_rate", simulator.error_rate),
+            ("carrier.simulator.lost_reply_rate", simulator.lost_reply_rate),
+        ] {
+            if !(0.0..=1.0).contains(&rate) {
+                return Err(field_error(field, format!("{rate} is not a fraction between 0 and 1")));
+            }
+        }
+        check_range(
+            "carrier.simulator.latency_ms_max",
+            simulator.latency_ms_max,
+            0,
+            SIMULATOR_LATENCY_MS_MAX,
+        )?;
+        check_range(
+            "carrier.simulator.slow_ms",
+            simulator.slow_ms,
+            0,
+            SIMULATOR_LATENCY_MS_MAX,
+        )?;
+        if simulator.latency_ms_min > simulator.latency_ms_max {
+            return Err(field_error(
+                "carrier.simulator.latency_ms_min",
+                "must not exceed carrier.simulator.latency_ms_max",
+            ));
+        }
+        Ok(())
+    }
+
+    fn validate_sweeper(&self) -> Result<(), ConfigError> {
+        let sweeper = &self.sweeper;
+        check_range(
+            "sweeper.interval_ms",
+            sweeper.interval_ms,
+            SWEEPER_INTERVAL_MS_MIN,
+            u64::from(u32::MAX),
+        )?;
+        check_range("sweeper.batch_max", sweeper.batch_max as u64, 1, PURGE_BATCH_MAX as u64)?;
+        check_range(
+            "sweeper.batches_per_run_max",
+            sweeper.batches_per_run_max as u64,
+            1,
+            1_000_000,
+        )
+    }
+
+    fn validate_store(&self) -> Result<(), ConfigError> {
+        let store = &self.store;
+        if matches!(store.kind, StoreKind::Embedded | StoreKind::Redis) && store.embedded.path.as_os_str().is_empty() {
+            return Err(field_error("store.embedded.path", "must name a directory"));
+        }
+        match store.kind {
+            StoreKind::Redis if store.redis.urls.is_empty() => Err(field_error(
+                "store.redis.urls",
+                "store.kind = \"redis\" needs at least one redis:// URL",
+            )),
+            StoreKind::Postgres if store.postgres.url.is_empty() => Err(field_error(
+                "store.postgres.url",
+                "store.kind = \"postgres\" needs a postgres:// URL",
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
+fn check_range(field: &'static str, value: u64, min: u64, max: u64) -> Result<(), ConfigError> {
+    if (min..=max).contains(&value) {
+        Ok(())
+    } else {
+        Err(field_error(field, format!("{value} is outside {min}..={max}")))
+    }
+}
+
+fn read_table(path: &Path) -> Result<toml::Table, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    text.parse::<toml::Table>().map_err(|error| ConfigError::Syntax {
+        path: path.display().to_string(),
+        message: error.to_string(),
+    })
+}
+
+/// Applies one `IDEM__A__B=value` variable to the table; other variables
+/// are ignored.
+fn apply_override(table: &mut toml::Table, variable: &str, raw: &str) -> Result<(), ConfigError> {
+    let Some(path) = variable.strip_prefix(ENV_PREFIX) else {
+        return Ok(());
+    };
+    let env_error = |message: &str| ConfigError::Environment {
+        variable: variable.to_owned(),
+        message: message.to_owned(),
+    };
+    let parts: Vec<String> = path.split(ENV_SEPARATOR).map(str::to_ascii_lowercase).collect();
+    if parts.iter().any(String::is_empty) {
+        return Err(env_error("empty field name"));
+    }
+    let Some((leaf, sections)) = parts.split_last() else {
+        return Err(env_error("empty field name"));
+    };
+    let mut current = table;
+    for section in sections {
+        let entry = current
+            .entry(section.clone())
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        current = entry
+            .as_table_mut()
+            .ok_or_else(|| env_error(&format!("{section} is not a section")))?;
+    }
+    current.insert(leaf.clone(), override_value(raw));
+    Ok(())
+}
+
+/// A TOML value when the text is one, else the text as a string.
+fn override_value(raw: &str) -> toml::Value {
+    format!("value = {raw}")
+        .parse::<toml::Table>()
+        .ok()
+        .and_then(|mut table| table.remove("value"))
+        .unwrap_or_else(|| toml::Value::String(raw.to_owned()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    fn refusal(pairs: &[(&str, &str)]) -> String {
+        Config::load(None, env(pairs)).expect_err("refused").to_string()
+    }
+
+    #[test]
+    fn the_default_config_is_valid_and_has_only_the_demo_caller() {
+        let config = Config::load(None, Vec::new()).unwrap();
+        assert_eq!(config.callers, vec![CallerConfig::demo()]);
+        assert!(config.has_demo_caller());
+        assert_eq!(config.store.kind, StoreKind::Embedded);
+        assert_eq!(config.listen_addr().unwrap().to_string(), LISTEN_DEFAULT);
+    }
+
+    #[test]
+    fn environment_overrides_reach_every_kind_of_field() {
+        let config = Config::load(
+            None,
+            env(&[
+                ("IDEM__SERVER__LISTEN", "127.0.0.1:0"),
+                ("IDEM__POLICY__LEASE_MS", "45000"),
+                ("IDEM__STORE__KIND", "redis"),
+                ("IDEM__STORE__REDIS__URLS", r#"["redis://127.0.0.1:7000"]"#),
+                ("IDEM__STORE__REDIS__KEY_PREFIX", r#""123""#),
+                ("IDEM__CARRIER__SIMULATOR__ERROR_RATE", "0.25"),
+                (
+                    "IDEM__CALLERS",
+                    &format!(r#"[{{id = "a", token_sha256 = "{}"}}]"#, token_sha256("t")),
+                ),
+                ("UNRELATED", "x"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(config.server.listen, "127.0.0.1:0");
+        assert_eq!(config.policy.lease_ms, 45_000);
+        assert_eq!(config.store.kind, StoreKind::Redis);
+        assert_eq!(config.store.redis.urls, vec!["redis://127.0.0.1:7000".to_owned()]);
+        assert_eq!(config.store.redis.key_prefix, "123");
+        assert_eq!(config.carrier.simulator.error_rate, 0.25);
+        assert_eq!(config.callers[0].id, "a");
+        assert!(!config.has_demo_caller());
+    }
+
+    #[test]
+    fn refusals_name_the_field() {
+        assert!(refusal(&[("IDEM__SERVER__LISTN", "x")]).contains("listn"));
+        assert!(refusal(&[("IDEM__SERVER__LISTEN", "nowhere")]).contains("server.listen"));
+        assert!(refusal(&[("IDEM__STORE__KIND", "mongodb")]).contains("mongodb"));
+        assert!(refusal(&[("IDEM__CALLERS", "[]")]).contains("callers"));
+        assert!(refusal(&[("IDEM__CARRIER__SIMULATOR__ERROR_RATE", "2")]).contains("carrier.simulator.error_rate"));
+        assert!(refusal(&[("IDEM__STORE__KIND", "postgres")]).contains("store.postgres.url"));
+        assert!(refusal(&[("IDEM__SWEEPER__BATCH_MAX", "0")]).contains("sweeper.batch_max"));
+    }
+
+    #[test]
+    fn a_lease_not_longer_than_the_carrier_timeout_is_refused() {
+        let message = refusal(&[
+            ("IDEM__POLICY__LEASE_MS", "20000"),
+            ("IDEM__CARRIER__TIMEOUT_MS", "20000"),
+        ]);
+        assert!(message.contains("policy.lease_ms"), "{message}");
+        assert!(Config::load(None, env(&[("IDEM__POLICY__LEASE_MS", "20001")])).is_ok());
+    }
+
+    #[test]
+    fn caller_tokens_must_be_digests_and_distinct() {
+        let bad = r#"[{id = "a", token_sha256 = "demo-token"}]"#;
+        assert!(refusal(&[("IDEM__CALLERS", bad)]).contains("callers.token_sha256"));
+        let twice = format!(
+            r#"[{{id = "a", token_sha256 = "{0}"}}, {{id = "b", token_sha256 = "{0}"}}]"#,
+            token_sha256("same")
+        );
+        assert!(refusal(&[("IDEM__CALLERS", &twice)]).contains("share one token"));
+    }
+
+    #[test]
+    fn the_example_file_loads() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config.example.toml");
+        let config = Config::load(Some(&path), Vec::new()).unwrap();
+        assert_eq!(config.store.kind, StoreKind::Embedded);
+    }
+}

@@ -1,0 +1,202 @@
+//! [`IdempotencyLayer`]: idempotency for any axum route.
+//!
+//! The layer holds only its configuration and the shared [`Idempotency`];
+//! the [`IdempotencyService`] wraps the route. Per request it:
+//! 1. takes the authenticated caller (the auth middleware must run first),
+//! 2. reads the `Idempotency-Key` header (400 missing / invalid),
+//! 3. reads the body up to the limit (413),
+//! 4. fingerprints method, path and body, and claims the key: replay,
+//!    409 with `Retry-After`, 422, or 503 when the store is down,
+//! 5. runs the route in a task of its own with the [`Attempt`] in the
+//!    request's extensions, and finishes the attempt by the route's answer
+//!    unless the route took it (the handler-level API).
+
+use super::{Attempt, Begun, Idempotency, PendingAttempt};
+use crate::auth::Caller;
+use crate::error::ApiError;
+use crate::key_header::{KeyHeaderError, idempotency_key};
+use axum::body::Body;
+use axum::extract::Request;
+use axum::http::{HeaderMap, header};
+use axum::response::{IntoResponse, Response};
+use futures::future::BoxFuture;
+use http_body_util::BodyExt;
+use std::convert::Infallible;
+use std::task::{Context, Poll};
+use store_core::Fingerprint;
+use tower::{Layer, Service, ServiceExt};
+
+/// Makes every route it wraps idempotent.
+#[derive(Clone)]
+pub struct IdempotencyLayer {
+    idempotency: Idempotency,
+    body_bytes_max: usize,
+}
+
+impl IdempotencyLayer {
+    /// `body_bytes_max`: the largest request body read; larger ones get 413.
+    pub fn new(idempotency: Idempotency, body_bytes_max: usize) -> Self {
+        Self {
+            idempotency,
+            body_bytes_max,
+        }
+    }
+}
+
+impl<S> Layer<S> for IdempotencyLayer {
+    type Service = IdempotencyService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        IdempotencyService {
+            inner,
+            idempotency: self.idempotency.clone(),
+            body_bytes_max: self.body_bytes_max,
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct IdempotencyService<S> {
+    inner: S,
+    idempotency: Idempotency,
+    body_bytes_max: usize,
+}
+
+impl<S> Service<Request> for IdempotencyService<S>
+where
+    S: Service<Request, Response = Response, Error = Infallible> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+{
+    type Response = Response;
+    type Error = Infallible;
+    type Future = BoxFuture<'static, Result<Response, Infallible>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        // The inner service is driven with `oneshot` on a clone, which polls
+        // its readiness itself.
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request) -> Self::Future {
+        let inner = self.inner.clone();
+        let idempotency = self.idempotency.clone();
+        let body_bytes_max = self.body_bytes_max;
+        Box::pin(async move {
+            let response = match claim(&idempotency, body_bytes_max, request).await {
+                Ok(Claimed::Run(claimed)) => {
+                    let (attempt, request) = *claimed;
+                    run_route(&idempotency, attempt, inner, request).await
+                }
+                Ok(Claimed::Replay(response)) => response,
+                Err(error) => error.into_response(),
+            };
+            Ok(response)
+        })
+    }
+}
+
+enum Claimed {
+    /// Boxed: the attempt and the request are large, and this is built once per request.
+    Run(Box<(Attempt, Request)>),
+    Replay(Response),
+}
+
+/// Steps 1 to 4: everything before the route runs.
+async fn claim(idempotency: &Idempotency, body_bytes_max: usize, request: Request) -> Result<Claimed, ApiError> {
+    let (parts, body) = request.into_parts();
+    let Some(Caller(caller)) = parts.extensions.get::<Caller>().cloned() else {
+        return Err(ApiError::Internal(
+            "IdempotencyLayer needs an authenticated caller: wrap it in require_caller".into(),
+        ));
+    };
+    let key = idempotency_key(&parts.headers).map_err(|error| match error {
+        KeyHeaderError::Missing => ApiError::IdempotencyKeyMissing,
+        KeyHeaderError::Invalid(reason) => ApiError::IdempotencyKeyInvalid { reason },
+    })?;
+    let bytes = read_body(&parts.headers, body, body_bytes_max).await?;
+    let fingerprint = Fingerprint::of_request(parts.method.as_str(), parts.uri.path(), &bytes);
+    match idempotency.begin(caller, key, fingerprint).await? {
+        Begun::Replay(response) => Ok(Claimed::Replay(response)),
+        Begun::Acquired(attempt) => Ok(Claimed::Run(Box::new((
+            attempt,
+            Request::from_parts(parts, Body::from(bytes)),
+        )))),
+    }
+}
+
+/// Most bytes of an oversized body read and discarded before answering 413.
+/// A server that answers without reading the body closes the connection
+/// under the client's feet, and most clients then report a broken pipe
+/// instead of the 413; draining a bounded amount lets them read the answer.
+pub const BODY_DRAIN_BYTES_MAX: usize = 1024 * 1024;
+/// Longest time spent draining an oversized body.
+pub const BODY_DRAIN_MS_MAX: u64 = 1_000;
+
+/// Reads the whole body, refusing more than `limit` bytes with 413.
+async fn read_body(headers: &HeaderMap, mut body: Body, limit: usize) -> Result<axum::body::Bytes, ApiError> {
+    let too_large = ApiError::PayloadTooLarge { limit_bytes: limit };
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.parse::<u64>().ok());
+    if declared.is_some_and(|length| length > limit as u64) {
+        if declared.is_some_and(|length| length <= BODY_DRAIN_BYTES_MAX as u64) {
+            drain(body, 0).await;
+        }
+        return Err(too_large);
+    }
+    let mut collected = Vec::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|error| ApiError::InvalidRequest {
+            detail: format!("the request body could not be read: {error}"),
+        })?;
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        if collected.len() + data.len() > limit {
+            drain(body, collected.len() + data.len()).await;
+            return Err(too_large);
+        }
+        collected.extend_from_slice(&data);
+    }
+    Ok(collected.into())
+}
+
+/// Reads and discards the rest of a body, up to the drain limits.
+async fn drain(mut body: Body, already_read: usize) {
+    let discard = async {
+        let mut read = already_read;
+        while read <= BODY_DRAIN_BYTES_MAX {
+            match body.frame().await {
+                Some(Ok(frame)) => read += frame.data_ref().map_or(0, |data| data.len()),
+                _ => return,
+            }
+        }
+    };
+    let _ = tokio::time::timeout(std::time::Duration::from_millis(BODY_DRAIN_MS_MAX), discard).await;
+}
+
+/// Step 5: the route runs in a tracked task, so neither a client hanging up
+/// nor a request timeout stops an attempt between its effect and its record.
+async fn run_route<S>(idempotency: &Idempotency, attempt: Attempt, inner: S, mut request: Request) -> Response
+where
+    S: Service<Request, Response = Response, Error = Infallible> + Send + 'static,
+    S::Future: Send + 'static,
+{
+    let pending = PendingAttempt::new(attempt);
+    request.extensions_mut().insert(pending.clone());
+    let task = idempotency.tasks().spawn(async move {
+        let response = match inner.oneshot(request).await {
+            Ok(response) => response,
+            Err(never) => match never {},
+        };
+        match pending.take() {
+            Some(attempt) => attempt.finish(response).await,
+            None => response,
+        }
+    });
+    match task.await {
+        Ok(response) => response,
+        Err(error) => ApiError::Internal(format!("the route's task failed: {error}")).into_response(),
+    }
+}

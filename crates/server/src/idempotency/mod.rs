@@ -1,0 +1,128 @@
+//! Idempotency for HTTP routes.
+//!
+//! - [`IdempotencyLayer`] (module `layer`): a tower layer any axum route can
+//!   wear. It reads the key and a bounded body, claims the key, and either
+//!   answers (replay, 409, 422) or runs the route with an [`Attempt`] in the
+//!   request's extensions. If the route leaves the attempt there, the layer
+//!   saves, abandons or releases by the route's answer ([`crate::error::Disposition`]).
+//! - [`Attempt`] (module `attempt`): the handler-level API. A handler that
+//!   must commit its effect with the key (the label route) takes the attempt
+//!   as an extractor and finishes it itself with [`Attempt::complete_with`].
+//!
+//! The route runs in a task of its own, so a client that hangs up, or a
+//! request timeout, never cuts an attempt off between its effect and its
+//! record: the work finishes and the next retry is answered from the key.
+
+mod attempt;
+mod layer;
+pub mod saved;
+
+pub use attempt::{Attempt, PendingAttempt};
+pub use layer::{IdempotencyLayer, IdempotencyService};
+
+use crate::error::{ApiError, retry_after_seconds};
+use crate::metrics::{LATE_KEYS_TOTAL, LEASE_TAKEOVERS_TOTAL};
+use axum::response::Response;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+use store_core::{CallerId, ClaimOutcome, ClaimRequest, Fingerprint, IdempotencyKey, IdempotencyStore, StoreError};
+use tokio_util::task::TaskTracker;
+
+/// The shared part of the layer and the handler-level API: the store, the
+/// tracker of attempts in flight (shutdown waits for them), and the
+/// `Retry-After` answered during store outages.
+#[derive(Clone)]
+pub struct Idempotency {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    store: Arc<dyn IdempotencyStore>,
+    tasks: TaskTracker,
+    store_retry_after_s: u64,
+}
+
+/// What claiming a key gave.
+pub enum Begun {
+    /// This attempt holds the lease: do the work, then finish the attempt.
+    Acquired(Attempt),
+    /// The key completed before with the same request: send this.
+    Replay(Response),
+}
+
+impl Idempotency {
+    pub fn new(store: Arc<dyn IdempotencyStore>, tasks: TaskTracker, store_retry_after_s: u64) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                store,
+                tasks,
+                store_retry_after_s,
+            }),
+        }
+    }
+
+    pub fn store(&self) -> &Arc<dyn IdempotencyStore> {
+        &self.inner.store
+    }
+
+    /// Attempts in flight; shutdown waits for them.
+    pub fn tasks(&self) -> &TaskTracker {
+        &self.inner.tasks
+    }
+
+    /// Claims (caller, key) for a request with this fingerprint.
+    pub async fn begin(
+        &self,
+        caller: CallerId,
+        key: IdempotencyKey,
+        fingerprint: Fingerprint,
+    ) -> Result<Begun, ApiError> {
+        let request = ClaimRequest::new(caller, key, fingerprint);
+        let outcome = self
+            .store()
+            .claim(&request)
+            .await
+            .map_err(|error| self.store_error(&error))?;
+        match outcome {
+            ClaimOutcome::Acquired(acquired) => {
+                if acquired.takeover {
+                    metrics::counter!(LEASE_TAKEOVERS_TOTAL).increment(1);
+                }
+                if acquired.late_key {
+                    metrics::counter!(LATE_KEYS_TOTAL).increment(1);
+                    tracing::warn!(
+                        caller = %request.caller,
+                        key_sha256 = %request.key.digest(),
+                        "late key: this key was purged before; the request may duplicate an earlier one"
+                    );
+                }
+                Ok(Begun::Acquired(Attempt::new(self.clone(), acquired, fingerprint)))
+            }
+            ClaimOutcome::Replay(saved) => Ok(Begun::Replay(saved::response_from_saved(&saved, true))),
+            ClaimOutcome::InProgress { retry_after_ms } => Err(ApiError::RequestInProgress {
+                retry_after_s: retry_after_seconds(retry_after_ms),
+            }),
+            ClaimOutcome::Mismatch => Err(ApiError::IdempotencyKeyReused),
+        }
+    }
+
+    /// The API error for a store failure: 503 with `Retry-After` when a
+    /// retry may succeed (an outage is never a 500), else an internal error.
+    pub fn store_error(&self, error: &StoreError) -> ApiError {
+        if error.is_retryable() {
+            ApiError::StoreUnavailable {
+                retry_after_s: self.inner.store_retry_after_s,
+            }
+        } else {
+            ApiError::Internal(format!("store: {error}"))
+        }
+    }
+}
+
+/// Milliseconds since the Unix epoch by this process's clock.
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|elapsed| elapsed.as_millis() as u64)
+        .unwrap_or(0)
+}

@@ -1,0 +1,190 @@
+//! `POST /v1/labels` and `GET /v1/labels/{label_id}`.
+//!
+//! Creating a label is the seed's algorithm on the handler-level API: the
+//! idempotency layer has claimed the key (transaction 1); the handler
+//! validates (abandoning the key on failure), asks the carrier with the
+//! derived key between the transactions, and commits the label with the
+//! record (transaction 2). An unknown carrier outcome releases the lease.
+
+use super::{CreateLabelRequest, Label, StoredLabel, problem_response};
+use crate::app::AppState;
+use crate::auth::Caller;
+use crate::carrier::{CarrierLabel, CarrierLabelRequest, CarrierOutcome, carrier_key};
+use crate::error::{ApiError, Outcome, Problem};
+use crate::idempotency::{Attempt, now_ms};
+use crate::metrics::LABELS_EXISTING_TOTAL;
+use crate::time::rfc3339_from_ms;
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::response::{IntoResponse, Response};
+use store_core::HeldLease;
+
+/// Create a shipping label, once per idempotency key.
+#[utoipa::path(
+    post,
+    path = "/v1/labels",
+    tag = "labels",
+    security(("bearer" = [])),
+    params(
+        ("Idempotency-Key" = String, Header,
+            description = "One key per intent, 1 to 255 printable ASCII characters, bare or as an RFC 8941 quoted string. Reuse it on every retry of the same request.")
+    ),
+    request_body(content = CreateLabelRequest, content_type = "application/json"),
+    responses(
+        (status = 201, description = "The label: created now, or replayed (with `Idempotent-Replayed: true`) for a repeat of a completed request.",
+            body = Label, content_type = "application/json",
+            headers(
+                ("Location" = String, description = "`/v1/labels/{label_id}`"),
+                ("Idempotent-Replayed" = String, description = "`true` on a replayed answer; absent on the first run.")
+            )),
+        (status = 400, description = "`idempotency_key_missing`, `idempotency_key_invalid`, or `invalid_request` (nothing was saved; the key is free again).",
+            body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "`unauthorized`: no valid bearer token.", body = Problem, content_type = "application/problem+json",
+            headers(("WWW-Authenticate" = String, description = "`Bearer`"))),
+        (status = 409, description = "`request_in_progress`: an attempt with this key holds the lease. Retry with the same key.",
+            body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = u64, description = "Seconds until the lease ends, rounded up."))),
+        (status = 413, description = "`payload_too_large`: the body is over 64 KiB.", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "`idempotency_key_reused`: same key, different request. Never retry blindly.",
+            body = Problem, content_type = "application/problem+json"),
+        (status = 500, description = "`internal_error`.", body = Problem, content_type = "application/problem+json"),
+        (status = 502, description = "`downstream_rejected`: the carrier refused the label for good. Saved and replayed.",
+            body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "`downstream_unavailable` (the carrier gave no definite answer; the lease was released), `store_unavailable`, `overloaded` or `request_timeout`. Retry with the same key.",
+            body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = u64, description = "Seconds to wait before retrying.")))
+    )
+)]
+pub async fn create_label(State(state): State<AppState>, attempt: Attempt, body: Bytes) -> Response {
+    let request = match CreateLabelRequest::parse(&body) {
+        Ok(request) => request,
+        Err(detail) => {
+            return attempt
+                .abandon(ApiError::InvalidRequest { detail }.into_response())
+                .await;
+        }
+    };
+    let lease = attempt.lease().clone();
+    match state.labels.find_for_parcel(&lease.caller, request.parcel()).await {
+        Ok(Some(existing)) => {
+            // A new key for a parcel that has its label: answer with it,
+            // buy nothing (the second line of defence).
+            metrics::counter!(LABELS_EXISTING_TOTAL).increment(1);
+            let stored = stored_label(&lease, existing);
+            return commit(&state, attempt, stored).await;
+        }
+        Ok(None) => {}
+        Err(error) => {
+            return attempt
+                .release(state.idempotency.store_error(&error).into_response())
+                .await;
+        }
+    }
+    let outcome = state
+        .carrier
+        .buy(
+            &carrier_key(&lease.caller, &lease.key),
+            &CarrierLabelRequest::from(&request),
+        )
+        .await;
+    match outcome {
+        CarrierOutcome::Purchased { label, .. } => {
+            let stored = stored_label(&lease, label_from_carrier(label, now_ms()));
+            commit(&state, attempt, stored).await
+        }
+        CarrierOutcome::Rejected { status, detail } => save_rejection(attempt, status, detail).await,
+        CarrierOutcome::Indeterminate { reason } => {
+            tracing::warn!(caller = %lease.caller, reason, "carrier outcome unknown; releasing the lease");
+            let answer = ApiError::DownstreamUnavailable {
+                retry_after_s: state.carrier_retry_after_s,
+            };
+            attempt.release(answer.into_response()).await
+        }
+    }
+}
+
+/// Transaction 2: the label and the completed record, together.
+async fn commit(state: &AppState, attempt: Attempt, stored: StoredLabel) -> Response {
+    let labels = state.labels.clone();
+    attempt
+        .complete_with(|lease| async move { labels.commit(&lease, &stored).await })
+        .await
+}
+
+/// A definitive refusal by the carrier is saved and replayed like a label.
+async fn save_rejection(attempt: Attempt, carrier_status: u16, detail: String) -> Response {
+    let error = ApiError::DownstreamRejected { carrier_status, detail };
+    let saved = match problem_response(error.status().as_u16(), error.body_bytes()) {
+        Ok(saved) => saved,
+        Err(invalid) => {
+            let answer = ApiError::Internal(format!("carrier refusal cannot be saved: {invalid}"));
+            return attempt.release(answer.into_response()).await;
+        }
+    };
+    let mut response = attempt.complete(saved).await;
+    if response.extensions().get::<Outcome>() == Some(&Outcome("failed")) {
+        response.extensions_mut().insert(Outcome("downstream_rejected"));
+    }
+    response
+}
+
+fn label_from_carrier(bought: CarrierLabel, now_ms: u64) -> Label {
+    Label {
+        label_id: bought.carrier_label_id,
+        order_id: bought.order_id,
+        parcel_no: bought.parcel_no,
+        label_version: bought.label_version,
+        service: bought.service,
+        weight_g: bought.weight_g,
+        tracking_no: bought.tracking_no,
+        cost_cents: bought.cost_cents,
+        created_at: rfc3339_from_ms(now_ms),
+    }
+}
+
+fn stored_label(lease: &HeldLease, label: Label) -> StoredLabel {
+    StoredLabel {
+        label,
+        caller: lease.caller.as_str().to_owned(),
+        created_by_key_sha256: lease.key.digest().to_string(),
+    }
+}
+
+/// Read one of your labels.
+#[utoipa::path(
+    get,
+    path = "/v1/labels/{label_id}",
+    tag = "labels",
+    security(("bearer" = [])),
+    params(("label_id" = String, Path, description = "The label's id, from the `Location` of its creation.")),
+    responses(
+        (status = 200, description = "The label.", body = Label, content_type = "application/json"),
+        (status = 401, description = "`unauthorized`.", body = Problem, content_type = "application/problem+json",
+            headers(("WWW-Authenticate" = String, description = "`Bearer`"))),
+        (status = 404, description = "`not_found`: no such label, or it belongs to another caller.",
+            body = Problem, content_type = "application/problem+json"),
+        (status = 500, description = "`internal_error`.", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "`store_unavailable`, `overloaded` or `request_timeout`.",
+            body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = u64, description = "Seconds to wait before retrying.")))
+    )
+)]
+pub async fn get_label(
+    State(state): State<AppState>,
+    Caller(caller): Caller,
+    Path(label_id): Path<String>,
+) -> Result<Response, ApiError> {
+    if label_id.is_empty() || label_id.len() > super::LABEL_ID_BYTES_MAX {
+        return Err(ApiError::NotFound);
+    }
+    match state.labels.find_by_id(&caller, &label_id).await {
+        Ok(Some(label)) => {
+            let mut response = Json(label).into_response();
+            response.extensions_mut().insert(Outcome("ok"));
+            Ok(response)
+        }
+        Ok(None) => Err(ApiError::NotFound),
+        Err(error) => Err(state.idempotency.store_error(&error)),
+    }
+}

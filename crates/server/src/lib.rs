@@ -1,0 +1,35 @@
+//! The Label service over HTTP (issue 5): an idempotency layer any axum
+//! route can wear, a handler-level API for routes whose effect must commit
+//! with the key, a carrier simulator, config-selected backends, and
+//! Prometheus metrics.
+//!
+//! Map of the crate:
+//! - [`app`]: the router, the app state, starting and stopping.
+//! - [`idempotency`]: the tower layer and the [`idempotency::Attempt`] API.
+//! - [`labels`]: the label route and where labels live, per backend.
+//! - [`carrier`]: the carrier client and simulator.
+//! - [`config`]: the TOML config with environment overrides.
+//! - [`backend`]: opens the stores `store.kind` names.
+//! - [`error`]: the one API error type (RFC 9457 problem details).
+//! - [`observe`], [`limits`], [`auth`], [`sweeper`], [`metrics`], [`openapi`], [`probes`].
+
+pub mod app;
+pub mod auth;
+pub mod backend;
+pub mod carrier;
+pub mod config;
+pub mod error;
+pub mod idempotency;
+pub mod instrumented;
+pub mod key_header;
+pub mod labels;
+pub mod limits;
+pub mod metrics;
+pub mod observe;
+pub mod openapi;
+pub mod probes;
+pub mod sweeper;
+pub mod time;
+
+pub use app::{App, AppState, RunningServer, StartupError, router};
+pub use config::Config;

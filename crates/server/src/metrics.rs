@@ -1,0 +1,117 @@
+//! Metric names, their descriptions, and the process-wide Prometheus recorder.
+//!
+//! Names follow Prometheus conventions (`_total` counters, `_seconds`
+//! histograms, base units). Every label has a bounded set of values: routes
+//! are matched patterns (`/v1/labels/{label_id}`), never raw paths; outcomes
+//! and operations are fixed strings; no label carries a caller, a key or an id.
+
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use std::sync::OnceLock;
+
+/// Requests answered, by `route`, `method`, `status` and `outcome`.
+pub const HTTP_REQUESTS_TOTAL: &str = "idem_http_requests_total";
+/// Time from the first byte of a request to its answer, by `route` and `method`.
+pub const HTTP_REQUEST_DURATION_SECONDS: &str = "idem_http_request_duration_seconds";
+/// Requests being served right now.
+pub const HTTP_REQUESTS_IN_FLIGHT: &str = "idem_http_requests_in_flight";
+/// Store calls, by `backend`, `operation` and `result` (`ok` or `error`).
+pub const STORE_OPERATION_DURATION_SECONDS: &str = "idem_store_operation_duration_seconds";
+/// Claims that took over an expired or released lease.
+pub const LEASE_TAKEOVERS_TOTAL: &str = "idem_lease_takeovers_total";
+/// Completions refused because another attempt had taken the key over.
+pub const LEASE_LOST_COMPLETIONS_TOTAL: &str = "idem_lease_lost_completions_total";
+/// Requests whose key had been purged: each is a possible duplicate.
+pub const LATE_KEYS_TOTAL: &str = "idem_late_keys_total";
+/// Records deleted by the sweeper.
+pub const RECORDS_PURGED_TOTAL: &str = "idem_records_purged_total";
+/// Tombstones deleted by the sweeper.
+pub const TOMBSTONES_PURGED_TOTAL: &str = "idem_tombstones_purged_total";
+/// Sweeper runs, by `result`.
+pub const SWEEPER_RUNS_TOTAL: &str = "idem_sweeper_runs_total";
+/// Duration of one sweeper run.
+pub const SWEEPER_RUN_DURATION_SECONDS: &str = "idem_sweeper_run_duration_seconds";
+/// Carrier calls, by `outcome`.
+pub const CARRIER_CALLS_TOTAL: &str = "idem_carrier_calls_total";
+/// Duration of one carrier call, by `outcome`.
+pub const CARRIER_CALL_DURATION_SECONDS: &str = "idem_carrier_call_duration_seconds";
+/// Label requests answered with a label the parcel already had (the
+/// uniqueness constraint as the second line of defence).
+pub const LABELS_EXISTING_TOTAL: &str = "idem_labels_existing_total";
+/// Attempts whose outcome could not be recorded (store failure after the work).
+pub const COMPLETION_FAILURES_TOTAL: &str = "idem_completion_failures_total";
+
+/// Histogram buckets for every `_seconds` metric: 1 ms to 30 s.
+pub const SECONDS_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0,
+];
+
+static HANDLE: OnceLock<Result<PrometheusHandle, String>> = OnceLock::new();
+
+/// The process-wide recorder's handle, installing it on first use. Several
+/// apps in one process (tests) share it, as they share the `metrics` facade.
+pub fn prometheus_handle() -> Result<PrometheusHandle, String> {
+    HANDLE
+        .get_or_init(|| {
+            let handle = PrometheusBuilder::new()
+                .set_buckets_for_metric(Matcher::Suffix("_seconds".to_owned()), SECONDS_BUCKETS)
+                .map_err(|error| error.to_string())?
+                .install_recorder()
+                .map_err(|error| error.to_string())?;
+            describe();
+            Ok(handle)
+        })
+        .clone()
+}
+
+fn describe() {
+    use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
+    describe_counter!(
+        HTTP_REQUESTS_TOTAL,
+        "Requests answered, by route, method, status and outcome."
+    );
+    describe_histogram!(
+        HTTP_REQUEST_DURATION_SECONDS,
+        Unit::Seconds,
+        "Time to answer a request."
+    );
+    describe_gauge!(HTTP_REQUESTS_IN_FLIGHT, "Requests being served.");
+    describe_histogram!(
+        STORE_OPERATION_DURATION_SECONDS,
+        Unit::Seconds,
+        "Duration of store calls, by backend, operation and result."
+    );
+    describe_counter!(
+        LEASE_TAKEOVERS_TOTAL,
+        "Claims that took over an expired or released lease."
+    );
+    describe_counter!(
+        LEASE_LOST_COMPLETIONS_TOTAL,
+        "Completions refused because another attempt took the key over."
+    );
+    describe_counter!(
+        LATE_KEYS_TOTAL,
+        "Requests whose key had already been purged (possible duplicates)."
+    );
+    describe_counter!(RECORDS_PURGED_TOTAL, "Expired records deleted by the sweeper.");
+    describe_counter!(TOMBSTONES_PURGED_TOTAL, "Expired tombstones deleted by the sweeper.");
+    describe_counter!(SWEEPER_RUNS_TOTAL, "Sweeper runs, by result.");
+    describe_histogram!(
+        SWEEPER_RUN_DURATION_SECONDS,
+        Unit::Seconds,
+        "Duration of one sweeper run."
+    );
+    describe_counter!(CARRIER_CALLS_TOTAL, "Carrier calls, by outcome.");
+    describe_histogram!(
+        CARRIER_CALL_DURATION_SECONDS,
+        Unit::Seconds,
+        "Duration of carrier calls, by outcome."
+    );
+    describe_counter!(
+        LABELS_EXISTING_TOTAL,
+        "Label requests answered with the parcel's existing label."
+    );
+    describe_counter!(
+        COMPLETION_FAILURES_TOTAL,
+        "Attempts whose outcome could not be saved because the store failed after the work."
+    );
+}

@@ -1,0 +1,94 @@
+//! The outermost middleware: one structured log line and the request
+//! metrics per request, labelled by the matched route pattern.
+//!
+//! The line has the caller, the outcome and the latency; never the
+//! idempotency key or the body. An internal error's detail, which the client
+//! never sees, is logged here, once.
+
+use crate::auth::Caller;
+use crate::error::{LoggedError, Outcome};
+use crate::metrics::{HTTP_REQUEST_DURATION_SECONDS, HTTP_REQUESTS_IN_FLIGHT, HTTP_REQUESTS_TOTAL};
+use axum::extract::{MatchedPath, Request};
+use axum::http::StatusCode;
+use axum::middleware::Next;
+use axum::response::Response;
+use std::time::Instant;
+
+/// Route label for requests that matched no route.
+pub const UNMATCHED_ROUTE: &str = "unmatched";
+
+/// Counts a request in flight until dropped, even if the client hangs up.
+struct InFlight {
+    route: String,
+    method: String,
+    started: Instant,
+    finished: bool,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        metrics::gauge!(HTTP_REQUESTS_IN_FLIGHT).decrement(1.0);
+        if !self.finished {
+            tracing::info!(method = %self.method, route = %self.route, outcome = "cancelled",
+                latency_ms = self.started.elapsed().as_millis() as u64, "request cancelled by the client");
+            count(&self.route, &self.method, "499", "cancelled", self.started);
+        }
+    }
+}
+
+fn count(route: &str, method: &str, status: &str, outcome: &'static str, started: Instant) {
+    let (route, method, status) = (route.to_owned(), method.to_owned(), status.to_owned());
+    metrics::counter!(HTTP_REQUESTS_TOTAL, "route" => route.clone(), "method" => method.clone(),
+        "status" => status, "outcome" => outcome)
+    .increment(1);
+    metrics::histogram!(HTTP_REQUEST_DURATION_SECONDS, "route" => route, "method" => method)
+        .record(started.elapsed().as_secs_f64());
+}
+
+/// The outcome of a response that did not name one.
+fn outcome_by_status(status: StatusCode) -> &'static str {
+    match status.as_u16() {
+        200..=299 => "ok",
+        404 => "not_found",
+        405 => "method_not_allowed",
+        400..=499 => "client_error",
+        _ => "server_error",
+    }
+}
+
+pub async fn observe(request: Request, next: Next) -> Response {
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or(UNMATCHED_ROUTE, MatchedPath::as_str)
+        .to_owned();
+    metrics::gauge!(HTTP_REQUESTS_IN_FLIGHT).increment(1.0);
+    let mut in_flight = InFlight {
+        route,
+        method: request.method().as_str().to_owned(),
+        started: Instant::now(),
+        finished: false,
+    };
+    let response = next.run(request).await;
+    in_flight.finished = true;
+    let status = response.status();
+    let outcome = response
+        .extensions()
+        .get::<Outcome>()
+        .map_or_else(|| outcome_by_status(status), |outcome| outcome.0);
+    let caller = response
+        .extensions()
+        .get::<Caller>()
+        .map(|Caller(id)| id.as_str().to_owned());
+    // Microsecond resolution is plenty for a log line.
+    let latency_ms = (in_flight.started.elapsed().as_secs_f64() * 1_000_000.0).round() / 1_000.0;
+    let (route, method) = (&in_flight.route, &in_flight.method);
+    match response.extensions().get::<LoggedError>() {
+        Some(LoggedError(detail)) => tracing::error!(%method, %route, status = status.as_u16(), outcome,
+            caller = caller.as_deref().unwrap_or("-"), latency_ms, error = %detail, "request"),
+        None => tracing::info!(%method, %route, status = status.as_u16(), outcome,
+            caller = caller.as_deref().unwrap_or("-"), latency_ms, "request"),
+    }
+    count(route, method, status.as_str(), outcome, in_flight.started);
+    response
+}

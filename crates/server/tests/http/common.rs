@@ -1,0 +1,343 @@
+//! The harness: a real server on an ephemeral loopback port, on the backend
+//! a test names, with the in-process carrier simulator (or a given carrier);
+//! an HTTP client whose every reply is checked against the OpenAPI document.
+
+use serde_json::Value;
+use server::carrier::{CARRIER_SCRIPT_PATH, CARRIER_STATS_PATH, CarrierStats, ScriptStep};
+use server::config::{Config, token_sha256};
+use server::{App, RunningServer};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+use tempfile::TempDir;
+use tokio::net::TcpListener;
+
+pub const ALICE: &str = "alice-token";
+pub const BOB: &str = "bob-token";
+
+/// Where records live in a test.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Embedded,
+    Redis,
+    Postgres,
+}
+
+/// Settings a test may change; everything else is the default config.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub lease_ms: u64,
+    pub carrier_timeout_ms: u64,
+    pub carrier_url: Option<String>,
+    pub request_timeout_ms: u64,
+    pub in_flight_max: usize,
+    pub extra_env: Vec<(String, String)>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            lease_ms: 30_000,
+            carrier_timeout_ms: 5_000,
+            carrier_url: None,
+            request_timeout_ms: 25_000,
+            in_flight_max: 64,
+            extra_env: Vec::new(),
+        }
+    }
+}
+
+/// Keeps a backend's server alive for as long as a test uses it.
+#[allow(dead_code)]
+enum BackendGuard {
+    None,
+    Redis(Arc<store_redis::testkit::RedisServer>),
+}
+
+pub struct TestServer {
+    pub base: String,
+    pub carrier: String,
+    running: Option<RunningServer>,
+    client: reqwest::Client,
+    _data: TempDir,
+    _guard: BackendGuard,
+}
+
+/// Two callers, and never the demo one.
+fn callers_env() -> String {
+    format!(
+        r#"[{{id = "alice", token_sha256 = "{}"}}, {{id = "bob", token_sha256 = "{}"}}]"#,
+        token_sha256(ALICE),
+        token_sha256(BOB)
+    )
+}
+
+fn pair(key: &str, value: impl ToString) -> (String, String) {
+    (key.to_owned(), value.to_string())
+}
+
+async fn backend_env(backend: Backend, data: &TempDir) -> (Vec<(String, String)>, BackendGuard) {
+    let mut env = vec![
+        pair("IDEM__STORE__EMBEDDED__PATH", data.path().join("store").display()),
+        pair("IDEM__STORE__EMBEDDED__DURABILITY", "buffer"),
+    ];
+    let guard = match backend {
+        Backend::Embedded => BackendGuard::None,
+        Backend::Redis => {
+            let server = store_redis::testkit::shared_server().expect("start redis-server");
+            env.push(pair("IDEM__STORE__KIND", "redis"));
+            env.push(pair("IDEM__STORE__REDIS__URLS", format!("[\"{}\"]", server.url())));
+            // Tests share one Redis; a prefix of their own keeps them apart.
+            env.push(pair(
+                "IDEM__STORE__REDIS__KEY_PREFIX",
+                format!("\"t{:016x}:\"", rand::random::<u64>()),
+            ));
+            BackendGuard::Redis(server)
+        }
+        Backend::Postgres => {
+            let postgres = store_postgres::testkit::PostgresServer::shared();
+            let database = postgres.create_database().await.expect("create a test database");
+            env.push(pair("IDEM__STORE__KIND", "postgres"));
+            env.push(pair("IDEM__STORE__POSTGRES__URL", format!("\"{}\"", database.url)));
+            BackendGuard::None
+        }
+    };
+    (env, guard)
+}
+
+impl TestServer {
+    pub async fn start(backend: Backend) -> Self {
+        Self::start_with(backend, Options::default()).await
+    }
+
+    pub async fn start_with(backend: Backend, options: Options) -> Self {
+        let data = tempfile::tempdir().expect("temporary directory");
+        let (mut env, guard) = backend_env(backend, &data).await;
+        env.extend([
+            pair("IDEM__SERVER__LISTEN", "127.0.0.1:0"),
+            pair("IDEM__SERVER__REQUEST_TIMEOUT_MS", options.request_timeout_ms),
+            pair("IDEM__SERVER__IN_FLIGHT_MAX", options.in_flight_max),
+            pair("IDEM__SERVER__SHUTDOWN_GRACE_MS", 5_000),
+            pair("IDEM__CALLERS", callers_env()),
+            pair("IDEM__POLICY__LEASE_MS", options.lease_ms),
+            pair("IDEM__CARRIER__TIMEOUT_MS", options.carrier_timeout_ms),
+            pair("IDEM__CARRIER__SIMULATOR__LATENCY_MS_MIN", 0),
+            pair("IDEM__CARRIER__SIMULATOR__LATENCY_MS_MAX", 0),
+        ]);
+        if let Some(url) = &options.carrier_url {
+            env.push(pair("IDEM__CARRIER__URL", url));
+        }
+        env.extend(options.extra_env.iter().cloned());
+        let config = Config::load(None, env).expect("test config");
+        let app = App::build(config).await.expect("app starts");
+        let carrier = options
+            .carrier_url
+            .clone()
+            .or_else(|| app.carrier_simulator_url())
+            .expect("a carrier");
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let running = app.start(listener).expect("serve");
+        Self {
+            base: running.base_url(),
+            carrier,
+            running: Some(running),
+            client: client(),
+            _data: data,
+            _guard: guard,
+        }
+    }
+
+    /// `POST /v1/labels` with an optional token and key.
+    pub async fn post_label(&self, token: Option<&str>, key: Option<&str>, body: &str) -> Reply {
+        let mut request = self
+            .client
+            .post(format!("{}/v1/labels", self.base))
+            .header("content-type", "application/json")
+            .body(body.to_owned());
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        if let Some(key) = key {
+            request = request.header("idempotency-key", key);
+        }
+        Reply::read("POST", "/v1/labels", request.send().await.expect("server answers")).await
+    }
+
+    pub async fn get(&self, path: &str, token: Option<&str>) -> Reply {
+        let mut request = self.client.get(format!("{}{path}", self.base));
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        let pattern = if path.starts_with("/v1/labels/") {
+            "/v1/labels/{label_id}"
+        } else {
+            path
+        };
+        Reply::read("GET", pattern, request.send().await.expect("server answers")).await
+    }
+
+    pub async fn carrier_stats(&self) -> CarrierStats {
+        let url = format!("{}{CARRIER_STATS_PATH}", self.carrier);
+        let response = self.client.get(url).send().await.expect("carrier answers");
+        response.json().await.expect("stats")
+    }
+
+    /// Queues the carrier's behaviour for its next calls.
+    pub async fn carrier_script(&self, steps: &[ScriptStep]) {
+        let url = format!("{}{CARRIER_SCRIPT_PATH}", self.carrier);
+        let body = serde_json::json!({ "steps": steps });
+        let response = self.client.post(url).json(&body).send().await.expect("carrier answers");
+        assert_eq!(response.status(), 204);
+    }
+
+    pub async fn metrics_text(&self) -> String {
+        self.get("/metrics", None).await.text()
+    }
+
+    pub fn begin_shutdown(&self) {
+        if let Some(running) = &self.running {
+            running.begin_shutdown();
+        }
+    }
+
+    pub async fn shutdown(mut self) {
+        if let Some(running) = self.running.take() {
+            running.shutdown().await.expect("clean shutdown");
+        }
+    }
+}
+
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .expect("client")
+}
+
+/// One answer, read whole, already checked against the OpenAPI document.
+#[derive(Debug, Clone)]
+pub struct Reply {
+    pub status: u16,
+    pub headers: reqwest::header::HeaderMap,
+    pub body: Vec<u8>,
+}
+
+impl Reply {
+    pub async fn read(method: &str, pattern: &str, response: reqwest::Response) -> Self {
+        let status = response.status().as_u16();
+        let headers = response.headers().clone();
+        let body = response.bytes().await.expect("body").to_vec();
+        let reply = Self { status, headers, body };
+        assert_documented(method, pattern, &reply);
+        reply
+    }
+
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|value| value.to_str().ok())
+    }
+
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|error| panic!("not JSON ({error}): {}", self.text()))
+    }
+
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+
+    /// The problem `code`, asserting the problem media type.
+    pub fn code(&self) -> String {
+        assert_eq!(
+            self.header("content-type"),
+            Some("application/problem+json"),
+            "{}",
+            self.text()
+        );
+        let problem = self.json();
+        assert_eq!(problem["status"].as_u64(), Some(u64::from(self.status)), "{problem}");
+        problem["code"].as_str().expect("code").to_owned()
+    }
+
+    pub fn retry_after(&self) -> u64 {
+        self.header("retry-after")
+            .expect("Retry-After")
+            .parse()
+            .expect("whole seconds")
+    }
+}
+
+/// The API document, as the server serves it.
+pub fn openapi() -> &'static Value {
+    static DOCUMENT: OnceLock<Value> = OnceLock::new();
+    DOCUMENT.get_or_init(|| serde_json::to_value(server::openapi::document()).expect("document"))
+}
+
+/// Every status and content type a test sees must be documented for its route.
+pub fn assert_documented(method: &str, pattern: &str, reply: &Reply) {
+    let operation = &openapi()["paths"][pattern][method.to_ascii_lowercase()];
+    assert!(
+        operation.is_object(),
+        "{method} {pattern} is not in the OpenAPI document"
+    );
+    let response = &operation["responses"][reply.status.to_string()];
+    assert!(
+        response.is_object(),
+        "{method} {pattern} answered {} which is not documented",
+        reply.status
+    );
+    let content_type = reply
+        .header("content-type")
+        .unwrap_or("")
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim();
+    if reply.body.is_empty() {
+        return;
+    }
+    let documented = response["content"]
+        .as_object()
+        .map(|content| content.contains_key(content_type));
+    assert_eq!(
+        documented,
+        Some(true),
+        "{method} {pattern} {} answered {content_type:?}, documented: {}",
+        reply.status,
+        response["content"]
+    );
+}
+
+/// A label request body.
+pub fn label_body(order_id: u64, parcel_no: u32) -> String {
+    format!(r#"{{"order_id":{order_id},"parcel_no":{parcel_no},"weight_g":1450,"service":"ground"}}"#)
+}
+
+/// A fresh order id, so tests never share a parcel.
+pub fn order_id() -> u64 {
+    rand::random::<u64>() % 1_000_000_000_000
+}
+
+/// A fresh idempotency key.
+pub fn fresh_key() -> String {
+    format!("label:{:016x}", rand::random::<u64>())
+}
+
+/// Purchases the carrier made for one parcel.
+pub fn purchases_for(stats: &CarrierStats, order_id: u64) -> u64 {
+    stats
+        .purchases_by_parcel
+        .iter()
+        .filter(|parcel| parcel.order_id == order_id)
+        .map(|parcel| parcel.purchases)
+        .sum()
+}
+
+/// The value of one Prometheus sample line, summed over label sets that
+/// contain all of `labels`.
+pub fn metric_value(exposition: &str, name: &str, labels: &[&str]) -> f64 {
+    exposition
+        .lines()
+        .filter(|line| !line.starts_with('#'))
+        .filter(|line| line.starts_with(&format!("{name}{{")) || line.starts_with(&format!("{name} ")))
+        .filter(|line| labels.iter().all(|label| line.contains(label)))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}

@@ -1,0 +1,59 @@
+//! The server's HTTP suite: a real server on an ephemeral loopback port per
+//! test. `cases` runs on every backend CI has (embedded always; Redis and
+//! PostgreSQL on real servers the store crates' test harnesses start);
+//! the other modules test what does not depend on the backend.
+
+mod carrier;
+mod cases;
+mod common;
+mod layer;
+mod limits;
+mod observability;
+mod openapi;
+mod process;
+
+/// One `#[tokio::test]` per case per backend.
+macro_rules! backend_suite {
+    ($($case:ident),* $(,)?) => {
+        mod embedded {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    crate::cases::$case(crate::common::Backend::Embedded).await
+                }
+            )*
+        }
+        mod redis {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    crate::cases::$case(crate::common::Backend::Redis).await
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    crate::cases::$case(crate::common::Backend::Postgres).await
+                }
+            )*
+        }
+    };
+}
+
+backend_suite!(
+    first_run_creates_the_label,
+    repeat_is_replayed_byte_for_byte,
+    concurrent_repeat_gets_409_then_the_replay,
+    same_key_with_another_body_is_422,
+    key_header_errors_and_the_quoted_form,
+    invalid_request_frees_the_key,
+    unknown_callers_are_refused,
+    callers_are_isolated,
+    a_new_key_for_a_labelled_parcel_buys_nothing,
+    unknown_carrier_outcomes_release_and_the_retry_buys_once,
+    carrier_timeout_then_retry_gets_the_same_label,
+    reads_and_probes,
+    oversized_bodies_are_413,
+);

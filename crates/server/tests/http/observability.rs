@@ -1,0 +1,223 @@
+//! Metrics and operations: the exposition passes `promtool check metrics`,
+//! the alert rules pass `promtool check rules`, a real Prometheus scrapes the
+//! server and answers a query, and the sweeper purges and counts late keys.
+
+use crate::common::{
+    ALICE, Backend, Options, TestServer, fresh_key, label_body, metric_value, order_id, purchases_for,
+};
+use std::io::Write;
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Debian's `prometheus` package installs both.
+const PROMETHEUS_PROGRAM: &str = "prometheus";
+const PROMTOOL_PROGRAM: &str = "promtool";
+/// Longest wait for Prometheus to scrape the server and answer.
+const SCRAPE_WAIT_MS_MAX: u64 = 30_000;
+
+fn ops_file(name: &str) -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("ops").join(name)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_exposition_passes_promtool_check_metrics() {
+    let server = TestServer::start(Backend::Embedded).await;
+    let reply = server
+        .post_label(Some(ALICE), Some(&fresh_key()), &label_body(order_id(), 1))
+        .await;
+    assert_eq!(reply.status, 201);
+    let metrics = server.get("/metrics", None).await;
+    assert_eq!(
+        metrics.header("content-type"),
+        Some("text/plain; version=0.0.4; charset=utf-8")
+    );
+    let text = metrics.text();
+    for name in [
+        "idem_http_requests_total",
+        "idem_http_request_duration_seconds_bucket",
+        "idem_http_requests_in_flight",
+        "idem_store_operation_duration_seconds_bucket",
+        "idem_carrier_calls_total",
+    ] {
+        assert!(text.contains(name), "{name} missing from:\n{text}");
+    }
+    assert!(
+        metric_value(
+            &text,
+            "idem_http_requests_total",
+            &["route=\"/v1/labels\"", "outcome=\"created\""]
+        ) >= 1.0,
+        "{text}"
+    );
+    assert!(
+        !text.contains("route=\"/v1/labels/lbl_"),
+        "raw paths must never become labels"
+    );
+    let mut promtool = Command::new(PROMTOOL_PROGRAM)
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool (Debian package prometheus) is installed");
+    promtool.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+    let output = promtool.wait_with_output().unwrap();
+    let said = String::from_utf8_lossy(&output.stdout).into_owned() + &String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success() && said.trim().is_empty(),
+        "promtool check metrics:\n{said}"
+    );
+    server.shutdown().await;
+}
+
+#[test]
+fn the_alert_rules_pass_promtool_check_rules() {
+    let output = Command::new(PROMTOOL_PROGRAM)
+        .args(["check", "rules"])
+        .arg(ops_file("alerts.yml"))
+        .output()
+        .expect("promtool (Debian package prometheus) is installed");
+    let said = String::from_utf8_lossy(&output.stdout).into_owned() + &String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{said}");
+    assert!(said.contains("SUCCESS"), "{said}");
+}
+
+#[test]
+fn the_dashboard_is_json_with_panels_on_our_metrics() {
+    let text = std::fs::read_to_string(ops_file("grafana-dashboard.json")).unwrap();
+    let dashboard: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let panels = dashboard["panels"].as_array().expect("panels");
+    assert!(panels.len() >= 6);
+    for metric in [
+        "idem_late_keys_total",
+        "idem_lease_takeovers_total",
+        "idem_store_operation_duration_seconds_bucket",
+    ] {
+        assert!(text.contains(metric), "dashboard lacks {metric}");
+    }
+}
+
+/// RFC 3986 percent-encoding of everything but unreserved characters.
+fn percent_encoded(text: &str) -> String {
+    text.bytes()
+        .map(|byte| match byte {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => (byte as char).to_string(),
+            other => format!("%{other:02X}"),
+        })
+        .collect()
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// A Prometheus process, killed on drop.
+struct Prometheus(std::process::Child);
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_prometheus_scrapes_the_server_and_answers_a_query() {
+    let server = TestServer::start(Backend::Embedded).await;
+    let reply = server
+        .post_label(Some(ALICE), Some(&fresh_key()), &label_body(order_id(), 1))
+        .await;
+    assert_eq!(reply.status, 201);
+    let dir = tempfile::tempdir().unwrap();
+    let target = server.base.trim_start_matches("http://");
+    let config = format!(
+        "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: idem\n    scrape_interval: 1s\n    \
+         metrics_path: /metrics\n    static_configs:\n      - targets: ['{target}']\n"
+    );
+    let config_path = dir.path().join("prometheus.yml");
+    std::fs::write(&config_path, config).unwrap();
+    let port = free_port();
+    let _prometheus = Prometheus(
+        Command::new(PROMETHEUS_PROGRAM)
+            .arg(format!("--config.file={}", config_path.display()))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .arg(format!("--storage.tsdb.path={}", dir.path().join("tsdb").display()))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("prometheus (Debian package prometheus) is installed"),
+    );
+    let query = "sum(idem_http_requests_total{job=\"idem\",route=\"/v1/labels\",outcome=\"created\"})";
+    let http = crate::common::client();
+    let started = Instant::now();
+    let value = loop {
+        let answer = http
+            .get(format!(
+                "http://127.0.0.1:{port}/api/v1/query?query={}",
+                percent_encoded(query)
+            ))
+            .send()
+            .await;
+        if let Ok(answer) = answer
+            && let Ok(body) = answer.json::<serde_json::Value>().await
+            && let Some(value) = body["data"]["result"][0]["value"][1].as_str()
+        {
+            break value.parse::<f64>().unwrap();
+        }
+        assert!(
+            started.elapsed() < Duration::from_millis(SCRAPE_WAIT_MS_MAX),
+            "no scrape within the limit"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    assert!(value >= 1.0, "Prometheus read {value}");
+    server.shutdown().await;
+}
+
+/// The sweeper purges expired records; a retry after the purge is a late
+/// key (counted), and the label's uniqueness still prevents a second purchase.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sweeper_purges_and_late_keys_are_counted_without_a_second_purchase() {
+    let options = Options {
+        lease_ms: 200,
+        carrier_timeout_ms: 150,
+        extra_env: vec![
+            ("IDEM__POLICY__RETENTION_MS".into(), "300".into()),
+            ("IDEM__POLICY__TOMBSTONE_MS".into(), "60000".into()),
+            ("IDEM__SWEEPER__INTERVAL_MS".into(), "100".into()),
+        ],
+        ..Options::default()
+    };
+    let server = TestServer::start_with(Backend::Embedded, options).await;
+    let before = server.metrics_text().await;
+    let (key, order) = (fresh_key(), order_id());
+    let first = server.post_label(Some(ALICE), Some(&key), &label_body(order, 1)).await;
+    assert_eq!(first.status, 201);
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    let after_purge = server.metrics_text().await;
+    assert!(
+        metric_value(&after_purge, "idem_records_purged_total", &[])
+            > metric_value(&before, "idem_records_purged_total", &[]),
+        "{after_purge}"
+    );
+    let late = server.post_label(Some(ALICE), Some(&key), &label_body(order, 1)).await;
+    assert_eq!(late.status, 201);
+    assert!(
+        late.header("idempotent-replayed").is_none(),
+        "the record was purged: this runs as new"
+    );
+    assert_eq!(
+        late.json()["label_id"],
+        first.json()["label_id"],
+        "the parcel's label, not a new one"
+    );
+    let after_late = server.metrics_text().await;
+    assert!(
+        metric_value(&after_late, "idem_late_keys_total", &[]) > metric_value(&before, "idem_late_keys_total", &[]),
+        "{after_late}"
+    );
+    assert_eq!(purchases_for(&server.carrier_stats().await, order), 1);
+    server.shutdown().await;
+}

@@ -1,0 +1,274 @@
+//! The `server` binary as a process: zero set-up start, refusal of bad
+//! config, SIGTERM, and a crash mid-purchase with the carrier as a process
+//! of its own (it must outlive the server's restart).
+
+use crate::common::{ALICE, BOB, Reply, client, fresh_key, label_body, metric_value, order_id, purchases_for};
+use server::carrier::{CARRIER_SCRIPT_PATH, CARRIER_STATS_PATH, CarrierStats};
+use server::config::token_sha256;
+use std::path::Path;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+/// Longest wait for a process to say it listens.
+const STARTUP_MS_MAX: u64 = 20_000;
+
+/// A running `server` process, killed when dropped.
+struct Process {
+    child: Child,
+    url: String,
+    log: Arc<Mutex<String>>,
+}
+
+impl Process {
+    /// Runs the binary with `args` and `env` in `dir`, and waits for its
+    /// "listening on http://..." line.
+    async fn start(args: &[&str], env: &[(&str, String)], dir: &Path) -> Self {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_server"));
+        command
+            .args(args)
+            .current_dir(dir)
+            .env_remove("RUST_LOG")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        for (name, value) in env {
+            command.env(name, value);
+        }
+        let mut child = command.spawn().expect("spawn the server binary");
+        let log = Arc::new(Mutex::new(String::new()));
+        let (url_sender, url_receiver) = tokio::sync::oneshot::channel();
+        let stdout = child.stdout.take().expect("stdout");
+        let lines_log = log.clone();
+        tokio::spawn(async move {
+            let mut lines = BufReader::new(stdout).lines();
+            let mut url_sender = Some(url_sender);
+            while let Ok(Some(line)) = lines.next_line().await {
+                if let Some(at) = line.find("listening on http://") {
+                    let url = line[at + "listening on ".len()..].trim().to_owned();
+                    if let Some(sender) = url_sender.take() {
+                        let _ = sender.send(url);
+                    }
+                }
+                lines_log.lock().unwrap().push_str(&(line + "\n"));
+            }
+        });
+        let url = tokio::time::timeout(Duration::from_millis(STARTUP_MS_MAX), url_receiver)
+            .await
+            .expect("the process says where it listens")
+            .expect("stdout open");
+        Self { child, url, log }
+    }
+
+    fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+
+    fn signal(&self, signal: &str) {
+        let pid = self.child.id().expect("running").to_string();
+        let status = std::process::Command::new("kill")
+            .args([signal, &pid])
+            .status()
+            .expect("kill");
+        assert!(status.success());
+    }
+
+    /// SIGKILL: a crash, nothing flushed.
+    async fn crash(mut self) {
+        self.child.kill().await.expect("kill");
+    }
+
+    /// SIGTERM, and the exit status.
+    async fn terminate(mut self) -> (std::process::ExitStatus, String) {
+        self.signal("-TERM");
+        let status = tokio::time::timeout(Duration::from_secs(20), self.child.wait())
+            .await
+            .expect("exits after SIGTERM")
+            .expect("status");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        (status, self.log())
+    }
+}
+
+fn callers() -> String {
+    format!(
+        r#"[{{id = "alice", token_sha256 = "{}"}}, {{id = "bob", token_sha256 = "{}"}}]"#,
+        token_sha256(ALICE),
+        token_sha256(BOB)
+    )
+}
+
+async fn post(base: &str, token: &str, key: &str, body: &str) -> Reply {
+    let response = client()
+        .post(format!("{base}/v1/labels"))
+        .bearer_auth(token)
+        .header("idempotency-key", key)
+        .header("content-type", "application/json")
+        .body(body.to_owned())
+        .send()
+        .await
+        .expect("server answers");
+    Reply::read("POST", "/v1/labels", response).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_starts_with_zero_set_up_and_stops_on_sigterm() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = [("IDEM__SERVER__LISTEN", "127.0.0.1:0".to_owned())];
+    let server = Process::start(&[], &env, dir.path()).await;
+    let log = server.log();
+    assert!(log.contains("DEVELOPMENT CALLER ENABLED"), "{log}");
+    assert!(
+        log.contains(&dir.path().join("data").display().to_string()),
+        "says where the data is: {log}"
+    );
+    let reply = post(&server.url, "demo-token", &fresh_key(), &label_body(order_id(), 1)).await;
+    assert_eq!(reply.status, 201, "{}", reply.text());
+    assert!(dir.path().join("data").is_dir());
+    let (status, log) = server.terminate().await;
+    assert!(status.success(), "{status:?}\n{log}");
+    assert!(log.contains("stopped"), "{log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_config_is_refused_naming_the_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases: [(&[(&str, &str)], &str); 4] = [
+        (&[("IDEM__POLICY__LEASE_MS", "20000")], "policy.lease_ms"),
+        (&[("IDEM__SERVER__IN_FLIGHT_MAX", "0")], "server.in_flight_max"),
+        (&[("IDEM__STORE__KIND", "foundationdb")], "--features foundationdb"),
+        (
+            &[("IDEM__CARRIER__SIMULATOR__LOST_REPLY_RATE", "1.5")],
+            "carrier.simulator.lost_reply_rate",
+        ),
+    ];
+    for (env, expected) in cases {
+        let output = Command::new(env!("CARGO_BIN_EXE_server"))
+            .current_dir(dir.path())
+            .env("IDEM__SERVER__LISTEN", "127.0.0.1:0")
+            .envs(env.iter().copied())
+            .output()
+            .await
+            .unwrap();
+        let text = String::from_utf8_lossy(&output.stderr).into_owned() + &String::from_utf8_lossy(&output.stdout);
+        assert!(!output.status.success(), "{env:?} must be refused");
+        assert!(text.contains(expected), "{env:?}: {text}");
+    }
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("config.example.toml");
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(
+        &bad,
+        std::fs::read_to_string(example).unwrap() + "\n[unknown_section]\nx = 1\n",
+    )
+    .unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_server"))
+        .args(["--config", bad.to_str().unwrap()])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("unknown_section"));
+}
+
+async fn carrier_stats(carrier: &str) -> CarrierStats {
+    let response = client()
+        .get(format!("{carrier}{CARRIER_STATS_PATH}"))
+        .send()
+        .await
+        .unwrap();
+    response.json().await.unwrap()
+}
+
+/// The seed's timeline: attempt 1 buys the label and dies before
+/// committing; retries get 409 until its lease expires; then a retry takes
+/// over, the carrier's own key hands back the same label, and one label was
+/// bought. The server restarts on its data directory; the carrier, a
+/// process of its own, lives on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_mid_purchase_ends_with_one_label_after_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let carrier_env = [
+        ("IDEM__CARRIER__SIMULATOR__LATENCY_MS_MIN", "0".to_owned()),
+        ("IDEM__CARRIER__SIMULATOR__LATENCY_MS_MAX", "0".to_owned()),
+    ];
+    let carrier = Process::start(&["carrier", "--listen", "127.0.0.1:0"], &carrier_env, dir.path()).await;
+    let server_env = [
+        ("IDEM__SERVER__LISTEN", "127.0.0.1:0".to_owned()),
+        ("IDEM__CALLERS", callers()),
+        ("IDEM__POLICY__LEASE_MS", "3000".to_owned()),
+        ("IDEM__CARRIER__TIMEOUT_MS", "2000".to_owned()),
+        ("IDEM__CARRIER__URL", carrier.url.clone()),
+    ];
+    let first = Process::start(&[], &server_env, dir.path()).await;
+    let script = serde_json::json!({ "steps": [{ "delay_ms": 1000 }] });
+    let scripted = client()
+        .post(format!("{}{CARRIER_SCRIPT_PATH}", carrier.url))
+        .json(&script)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(scripted.status(), 204);
+    let (key, order) = (fresh_key(), order_id());
+    let body = label_body(order, 1);
+    let impatient = reqwest::Client::builder()
+        .timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let attempt = impatient
+        .post(format!("{}/v1/labels", first.url))
+        .bearer_auth(ALICE)
+        .header("idempotency-key", &key)
+        .body(body.clone())
+        .send()
+        .await;
+    assert!(attempt.is_err(), "the caller gave up before the answer");
+    first.crash().await;
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    assert_eq!(
+        purchases_for(&carrier_stats(&carrier.url).await, order),
+        1,
+        "the carrier sold the label"
+    );
+
+    let second = Process::start(&[], &server_env, dir.path()).await;
+    let blocked = post(&second.url, ALICE, &key, &body).await;
+    assert_eq!(
+        (blocked.status, blocked.code().as_str()),
+        (409, "request_in_progress"),
+        "{}",
+        blocked.text()
+    );
+    tokio::time::sleep(Duration::from_secs(blocked.retry_after())).await;
+    let mut taken_over = post(&second.url, ALICE, &key, &body).await;
+    while taken_over.status == 409 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        taken_over = post(&second.url, ALICE, &key, &body).await;
+    }
+    assert_eq!(taken_over.status, 201, "{}", taken_over.text());
+    let stats = carrier_stats(&carrier.url).await;
+    assert_eq!(purchases_for(&stats, order), 1, "{stats:?}");
+    assert_eq!(
+        stats.deduplicated_repeats, 1,
+        "the takeover got the carrier's replay: {stats:?}"
+    );
+    assert_eq!(stats.purchases_by_carrier_key.len(), 1);
+    let metrics = client()
+        .get(format!("{}/metrics", second.url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(
+        metric_value(&metrics, "idem_lease_takeovers_total", &[]),
+        1.0,
+        "{metrics}"
+    );
+    let (status, log) = second.terminate().await;
+    assert!(status.success(), "{log}");
+    let (status, _) = carrier.terminate().await;
+    assert!(status.success());
+}
