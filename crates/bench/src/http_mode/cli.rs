@@ -1,0 +1,116 @@
+//! The command line of http mode.
+
+use crate::cli::{BackendArgs, LoadArgs, OutputArgs};
+use crate::store_mode::Backend;
+use clap::{Args, ValueEnum};
+use std::path::PathBuf;
+
+/// The Fulfilment service's deadline per call (the seed's 250 ms).
+pub const DEADLINE_MS_DEFAULT: u64 = 250;
+/// Attempts per intent before the client gives up (the intent is then lost).
+pub const ATTEMPTS_MAX_DEFAULT: u32 = 10;
+/// First backoff after a retryable answer.
+pub const BACKOFF_MS_BASE_DEFAULT: u64 = 20;
+/// Longest backoff between two attempts.
+pub const BACKOFF_MS_CAP_DEFAULT: u64 = 1_000;
+/// Share of intents sent twice at once (a reply lost on the way back, as
+/// the client would see it).
+pub const DUPLICATE_SHARE_DEFAULT: f64 = 0.01;
+/// Share of carrier purchases whose reply the simulator drops.
+pub const CARRIER_LOST_REPLY_RATE_DEFAULT: f64 = 0.001;
+/// Simulated carrier latency of a spawned simulator. The server's own
+/// default (20 to 80 ms) models a real carrier; the bench defaults to a fast
+/// carrier so the numbers show the Label service and its store, which is
+/// what the 10 ms p99 target is about.
+pub const CARRIER_LATENCY_MS_MIN_DEFAULT: u64 = 0;
+pub const CARRIER_LATENCY_MS_MAX_DEFAULT: u64 = 2;
+/// The development caller's token (the server's default config).
+pub const TOKEN_DEFAULT: &str = "demo-token";
+
+/// How the client names each attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum KeyMode {
+    /// One key per intent, derived from the parcel: label:{order_id}:{parcel_no}:v{label_version}.
+    Derived,
+    /// A new random key on every attempt: the seed's first failure row.
+    PerAttempt,
+}
+
+/// The Fulfilment service's behaviour.
+#[derive(Debug, Clone, Args)]
+pub struct FulfilmentArgs {
+    /// One key per intent (derived) or a new key per attempt (the seed's bug).
+    #[arg(long, value_enum, default_value_t = KeyMode::Derived)]
+    pub key_mode: KeyMode,
+    /// Client deadline per attempt, in milliseconds.
+    #[arg(long, default_value_t = DEADLINE_MS_DEFAULT)]
+    pub deadline_ms: u64,
+    /// Attempts per intent before giving up.
+    #[arg(long, default_value_t = ATTEMPTS_MAX_DEFAULT)]
+    pub attempts_max: u32,
+    /// First backoff after a timeout, 409 or 503, in milliseconds (doubles per attempt, full jitter).
+    #[arg(long, default_value_t = BACKOFF_MS_BASE_DEFAULT)]
+    pub backoff_base_ms: u64,
+    /// Longest backoff, in milliseconds.
+    #[arg(long, default_value_t = BACKOFF_MS_CAP_DEFAULT)]
+    pub backoff_cap_ms: u64,
+    /// Share of intents sent twice at once (lost-reply simulation), 0 to 1.
+    #[arg(long, default_value_t = DUPLICATE_SHARE_DEFAULT)]
+    pub duplicate_share: f64,
+    /// Share of carrier purchases whose reply the spawned simulator drops, 0 to 1.
+    #[arg(long, default_value_t = CARRIER_LOST_REPLY_RATE_DEFAULT)]
+    pub carrier_lost_reply_rate: f64,
+    /// Shortest simulated carrier latency of a spawned simulator, in milliseconds.
+    #[arg(long, default_value_t = CARRIER_LATENCY_MS_MIN_DEFAULT)]
+    pub carrier_latency_ms_min: u64,
+    /// Longest simulated carrier latency of a spawned simulator, in milliseconds (uniform in between).
+    #[arg(long, default_value_t = CARRIER_LATENCY_MS_MAX_DEFAULT)]
+    pub carrier_latency_ms_max: u64,
+    /// Bearer token of the caller.
+    #[arg(long, default_value = TOKEN_DEFAULT)]
+    pub token: String,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct HttpArgs {
+    /// Base URL of a running Label service (http://127.0.0.1:8080); a server is spawned when absent.
+    #[arg(long)]
+    pub url: Option<String>,
+    /// Base URL of the carrier simulator whose stats the audit reads (needed with --url).
+    #[arg(long)]
+    pub carrier_url: Option<String>,
+    /// store.kind of a spawned server.
+    #[arg(long, value_enum, default_value_t = Backend::Embedded)]
+    pub store_kind: Backend,
+    /// The server binary to spawn (default: $IDEM_SERVER_BIN, then `server` beside this binary).
+    #[arg(long)]
+    pub server_bin: Option<PathBuf>,
+    #[command(flatten)]
+    pub fulfilment: FulfilmentArgs,
+    #[command(flatten)]
+    pub load: LoadArgs,
+    #[command(flatten)]
+    pub backend: BackendArgs,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+impl std::fmt::Display for KeyMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            KeyMode::Derived => "derived",
+            KeyMode::PerAttempt => "per-attempt",
+        })
+    }
+}
+
+impl FulfilmentArgs {
+    pub fn carrier(&self) -> crate::http_mode::spawn::CarrierSettings {
+        crate::http_mode::spawn::CarrierSettings {
+            lost_reply_rate: self.carrier_lost_reply_rate,
+            latency_ms_min: self.carrier_latency_ms_min,
+            latency_ms_max: self.carrier_latency_ms_max,
+        }
+    }
+}

@@ -1,0 +1,425 @@
+//! Http mode: the Fulfilment service against a running (or spawned) Label
+//! service, open-loop, then the audit of every intent.
+
+pub mod audit;
+pub mod carrier;
+pub mod cli;
+pub mod client;
+pub mod metrics;
+pub mod spawn;
+
+use crate::cli::CompareArgs;
+use crate::engine::{LoadPlan, PlanError, run_open_loop};
+use crate::intent::RunIds;
+use crate::ramp::{RampReport, RampSettings, run_ramp};
+use crate::report::{RunSummary, Table};
+use crate::store_mode::Backend;
+use audit::{AnswerCounts, AuditInput, AuditReport, audit};
+use cli::{FulfilmentArgs, HttpArgs, KeyMode};
+use client::{ClientError, ClientSettings, FulfilmentClient};
+use serde::{Deserialize, Serialize};
+use spawn::{SpawnError, SpawnSettings, SpawnedServer};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// Longest wait after the load for the server's requests in flight to end.
+const SERVER_DRAIN_MS_MAX: u64 = 15_000;
+/// How often a spawned server's resident memory is sampled.
+const RSS_SAMPLE_MS: u64 = 500;
+/// Timeout of the audit's own requests (metrics, carrier stats).
+const AUDIT_REQUEST_MS: u64 = 10_000;
+
+#[derive(Debug, thiserror::Error)]
+pub enum HttpError {
+    #[error("server: {0}")]
+    Spawn(#[from] SpawnError),
+    #[error(transparent)]
+    Client(#[from] ClientError),
+    #[error(transparent)]
+    Plan(#[from] PlanError),
+    #[error("the Label service at {url} is not reachable: {detail}")]
+    Unreachable { url: String, detail: String },
+}
+
+/// Where the Label service is.
+#[derive(Debug, Clone)]
+pub enum ServerTarget {
+    /// Already running at `url`; its carrier simulator at `carrier_url`.
+    Running {
+        url: String,
+        carrier_url: Option<String>,
+    },
+    Spawn(SpawnSettings),
+}
+
+/// One http-mode run, from the command line.
+#[derive(Debug, Clone)]
+pub struct HttpRun {
+    pub target: ServerTarget,
+    pub fulfilment: FulfilmentArgs,
+    pub plan: LoadPlan,
+    pub ramp: Option<RampSettings>,
+    pub seed: u64,
+}
+
+impl HttpRun {
+    pub fn from_args(args: &HttpArgs, seed: u64) -> Self {
+        let target = match &args.url {
+            Some(url) => ServerTarget::Running {
+                url: url.clone(),
+                carrier_url: args.carrier_url.clone(),
+            },
+            None => ServerTarget::Spawn(SpawnSettings {
+                store_kind: args.store_kind,
+                server_bin: args.server_bin.clone(),
+                backend: args.backend.clone(),
+                carrier: args.fulfilment.carrier(),
+                seed,
+            }),
+        };
+        Self {
+            target,
+            fulfilment: args.fulfilment.clone(),
+            plan: args.load.plan(seed, !args.output.quiet),
+            ramp: args.load.ramp(),
+            seed,
+        }
+    }
+
+    pub fn for_compare(args: &CompareArgs, store_kind: Backend, seed: u64) -> Self {
+        Self {
+            target: ServerTarget::Spawn(SpawnSettings {
+                store_kind,
+                server_bin: None,
+                backend: args.backend.clone(),
+                carrier: args.http.carrier(),
+                seed,
+            }),
+            fulfilment: args.http.clone(),
+            plan: args.load.plan(seed, !args.output.quiet),
+            ramp: args.load.ramp(),
+            seed,
+        }
+    }
+
+    fn store_kind_name(&self) -> String {
+        match &self.target {
+            ServerTarget::Running { .. } => "running".into(),
+            ServerTarget::Spawn(settings) => settings.store_kind.name().into(),
+        }
+    }
+}
+
+/// Everything one http run measured and found.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HttpReport {
+    pub store_kind: String,
+    pub key_mode: KeyMode,
+    pub url: String,
+    pub notes: Vec<String>,
+    pub open_loop: Option<RunSummary>,
+    pub ramp: Option<RampReport>,
+    /// Every attempt's answer by kind, warm-up included.
+    pub attempts: BTreeMap<String, u64>,
+    pub audit: AuditReport,
+    /// Peak resident memory of a spawned server (`VmHWM`), in MiB.
+    pub server_peak_rss_mib: Option<f64>,
+    /// Highest resident memory sampled during the load, in MiB.
+    pub server_max_sampled_rss_mib: Option<f64>,
+    /// CPU used by each process during the load, and per intent: on one
+    /// small machine, this is what limits the rate.
+    pub cpu: Vec<ProcessCpu>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProcessCpu {
+    pub process: String,
+    pub cpu_s: f64,
+    pub ms_per_intent: f64,
+}
+
+/// CPU counters of the processes involved, read before and after the load.
+struct CpuMeter {
+    processes: Vec<(String, u32, f64)>,
+}
+
+impl CpuMeter {
+    fn start(server: &Server) -> Self {
+        let mut pids = vec![("idem-bench".to_owned(), std::process::id())];
+        if let Some(spawned) = &server.spawned {
+            pids.extend(spawned.pid().map(|pid| ("label service".to_owned(), pid)));
+            pids.extend(spawned.carrier_pid().map(|pid| ("carrier simulator".to_owned(), pid)));
+        }
+        let processes = pids
+            .into_iter()
+            .filter_map(|(name, pid)| metrics::cpu_seconds(pid).map(|cpu| (name, pid, cpu)))
+            .collect();
+        Self { processes }
+    }
+
+    fn finish(self, intents: usize) -> Vec<ProcessCpu> {
+        self.processes
+            .into_iter()
+            .filter_map(|(process, pid, before)| {
+                let cpu_s = metrics::cpu_seconds(pid)? - before;
+                Some(ProcessCpu {
+                    process,
+                    cpu_s,
+                    ms_per_intent: cpu_s * 1_000.0 / intents.max(1) as f64,
+                })
+            })
+            .collect()
+    }
+}
+
+impl HttpReport {
+    fn empty(run: &HttpRun, server: &Server) -> Self {
+        Self {
+            store_kind: run.store_kind_name(),
+            key_mode: run.fulfilment.key_mode,
+            url: server.base_url.clone(),
+            notes: server.spawned.as_ref().map(|s| s.notes.clone()).unwrap_or_default(),
+            open_loop: None,
+            ramp: None,
+            attempts: BTreeMap::new(),
+            audit: AuditReport::default(),
+            server_peak_rss_mib: None,
+            server_max_sampled_rss_mib: None,
+            cpu: Vec::new(),
+        }
+    }
+
+    /// The audit and the server's memory, as text.
+    pub fn render(&self) -> String {
+        let verdict = if self.audit.passed { "PASSED" } else { "FAILED" };
+        let mut text = format!(
+            "http {} ({} keys) audit {verdict}: {} intents ({} sent twice), {} labelled exactly once, {} lost, {} with duplicate labels, {} parcels bought more than once\n",
+            self.store_kind,
+            self.key_mode,
+            self.audit.intents,
+            self.audit.intents_sent_twice,
+            self.audit.labelled_exactly_once,
+            self.audit.lost,
+            self.audit.duplicate_labels,
+            self.audit.parcels_bought_twice,
+        );
+        let mut table = Table::new(&["answers", "client", "server", "agrees"]);
+        for check in &self.audit.count_checks {
+            table.row(vec![
+                check.category.clone(),
+                check.client.to_string(),
+                check.server.to_string(),
+                if check.agrees { "yes" } else { "NO" }.into(),
+            ]);
+        }
+        text.push_str(&table.render());
+        let attempts: Vec<String> = self
+            .attempts
+            .iter()
+            .map(|(kind, count)| format!("{kind}={count}"))
+            .collect();
+        text.push_str(&format!("attempts: {}\n", attempts.join(" ")));
+        if let (Some(peak), Some(sampled)) = (self.server_peak_rss_mib, self.server_max_sampled_rss_mib) {
+            text.push_str(&format!(
+                "server resident memory: peak {peak:.1} MiB, highest sampled during load {sampled:.1} MiB\n"
+            ));
+        }
+        let cpu: Vec<String> = self
+            .cpu
+            .iter()
+            .map(|process| {
+                format!(
+                    "{} {:.1} s ({:.2} ms/intent)",
+                    process.process, process.cpu_s, process.ms_per_intent
+                )
+            })
+            .collect();
+        if !cpu.is_empty() {
+            text.push_str(&format!("cpu during the load: {}\n", cpu.join(", ")));
+        }
+        for problem in &self.audit.problems {
+            text.push_str(&format!("PROBLEM: {problem}\n"));
+        }
+        for note in self.audit.notes.iter().chain(&self.notes) {
+            text.push_str(&format!("note: {note}\n"));
+        }
+        text
+    }
+}
+
+/// The server for one run: spawned (and owned) or already running.
+struct Server {
+    base_url: String,
+    carrier_url: String,
+    spawned: Option<SpawnedServer>,
+}
+
+async fn start(run: &HttpRun) -> Result<Server, HttpError> {
+    match &run.target {
+        ServerTarget::Running { url, carrier_url } => {
+            let base_url = url.trim_end_matches('/').to_owned();
+            let carrier_url = carrier_url.clone().unwrap_or_else(|| base_url.clone());
+            Ok(Server {
+                base_url,
+                carrier_url: carrier_url.trim_end_matches('/').to_owned(),
+                spawned: None,
+            })
+        }
+        ServerTarget::Spawn(settings) => {
+            let spawned = spawn::spawn(settings).await?;
+            Ok(Server {
+                base_url: spawned.base_url.clone(),
+                carrier_url: spawned.carrier_url.clone(),
+                spawned: Some(spawned),
+            })
+        }
+    }
+}
+
+/// Runs the load, waits for every copy of every intent and for the server
+/// to go idle, then audits.
+pub async fn run(run: &HttpRun) -> Result<HttpReport, HttpError> {
+    let server = start(run).await?;
+    let admin = reqwest::Client::builder()
+        .timeout(Duration::from_millis(AUDIT_REQUEST_MS))
+        .build()
+        .map_err(|error| ClientError::Build(error.to_string()))?;
+    let before = scrape_answers(&admin, &server.base_url)
+        .await
+        .map_err(|detail| HttpError::Unreachable {
+            url: server.base_url.clone(),
+            detail,
+        })?;
+    let settings = ClientSettings::new(&server.base_url, &run.fulfilment, run.seed)?;
+    let client = Arc::new(FulfilmentClient::new(settings, RunIds::random())?);
+    let rss = RssSampler::start(server.spawned.as_ref().and_then(SpawnedServer::pid));
+    let mut report = HttpReport::empty(run, &server);
+    let cpu = CpuMeter::start(&server);
+    let plan = LoadPlan {
+        label: format!("http {}", report.store_kind),
+        ..run.plan.clone()
+    };
+    match &run.ramp {
+        Some(ramp) => report.ramp = Some(run_ramp(ramp, &plan, client.clone()).await?),
+        None => report.open_loop = Some(RunSummary::of_open_loop(&run_open_loop(&plan, client.clone()).await?)),
+    }
+    let limit = client.settings().copy_time_max();
+    if !client.log.wait_all_done(limit).await {
+        report.notes.push(format!(
+            "{} copies still running {} s after the load; their intents count as lost",
+            client.log.copies_running(),
+            limit.as_secs()
+        ));
+    }
+    report.server_max_sampled_rss_mib = rss.stop();
+    report.cpu = cpu.finish(client.log.len());
+    wait_for_server_idle(&admin, &server.base_url).await;
+    report.attempts = client.counts.snapshot();
+    report.audit = audit_run(&admin, &server, &client, &before, &report.attempts).await;
+    if let Some(pid) = server.spawned.as_ref().and_then(SpawnedServer::pid) {
+        report.server_peak_rss_mib = metrics::resident_kib(pid).map(|(_, peak)| peak as f64 / 1_024.0);
+    }
+    if !report.audit.passed
+        && let Some(spawned) = &server.spawned
+    {
+        report
+            .notes
+            .push(format!("end of the server log:\n{}", spawned.log_tail()));
+    }
+    Ok(report)
+}
+
+async fn audit_run(
+    admin: &reqwest::Client,
+    server: &Server,
+    client: &FulfilmentClient,
+    before: &AnswerCounts,
+    attempts: &BTreeMap<String, u64>,
+) -> AuditReport {
+    let intents = client.log.snapshot();
+    let after = scrape_answers(admin, &server.base_url).await;
+    let server_answers = after.as_ref().ok().map(|after| metrics::difference(after, before));
+    let carrier = carrier::fetch_stats(admin, &server.carrier_url).await;
+    let mut report = audit(&AuditInput {
+        intents: &intents,
+        client_kinds: attempts,
+        carrier: carrier.as_ref().ok(),
+        server: server_answers.as_ref(),
+    });
+    if let Err(error) = &after {
+        report.notes.push(format!("metrics: {error}"));
+    }
+    if let Err(error) = &carrier {
+        report.notes.push(format!("carrier stats: {error}"));
+    }
+    report
+}
+
+async fn scrape(admin: &reqwest::Client, base_url: &str) -> Result<String, String> {
+    let response = admin
+        .get(format!("{base_url}/metrics"))
+        .send()
+        .await
+        .map_err(|error| error.to_string())?;
+    if !response.status().is_success() {
+        return Err(format!("GET /metrics answered {}", response.status()));
+    }
+    response.text().await.map_err(|error| error.to_string())
+}
+
+async fn scrape_answers(admin: &reqwest::Client, base_url: &str) -> Result<AnswerCounts, String> {
+    scrape(admin, base_url).await.map(|text| metrics::label_answers(&text))
+}
+
+/// Waits until the server reports no request in flight, so its counters
+/// include every answer to the run's requests.
+async fn wait_for_server_idle(admin: &reqwest::Client, base_url: &str) {
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(SERVER_DRAIN_MS_MAX);
+    while tokio::time::Instant::now() < deadline {
+        let Ok(text) = scrape(admin, base_url).await else {
+            return;
+        };
+        // The scrape itself is a request in flight while it is answered.
+        let in_flight: f64 = metrics::samples(&text, "idem_http_requests_in_flight")
+            .iter()
+            .map(|sample| sample.value)
+            .sum();
+        if in_flight <= 1.0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Samples a process's resident memory in the background.
+struct RssSampler {
+    highest_kib: Arc<AtomicU64>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl RssSampler {
+    fn start(pid: Option<u32>) -> Self {
+        let highest_kib = Arc::new(AtomicU64::new(0));
+        let task = pid.map(|pid| {
+            let highest_kib = highest_kib.clone();
+            tokio::spawn(async move {
+                loop {
+                    if let Some((rss, _)) = metrics::resident_kib(pid) {
+                        highest_kib.fetch_max(rss, Ordering::Relaxed);
+                    }
+                    tokio::time::sleep(Duration::from_millis(RSS_SAMPLE_MS)).await;
+                }
+            })
+        });
+        Self { highest_kib, task }
+    }
+
+    /// The highest sample in MiB, if the process was sampled.
+    fn stop(self) -> Option<f64> {
+        let task = self.task?;
+        task.abort();
+        Some(self.highest_kib.load(Ordering::Relaxed) as f64 / 1_024.0)
+    }
+}

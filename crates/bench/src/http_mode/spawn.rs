@@ -1,0 +1,350 @@
+//! A Label service (plus its in-process carrier simulator) spawned for one
+//! run: a config file in a temporary directory, a free loopback port, the
+//! backend's own server when the store kind needs one, and a kill on drop.
+
+use crate::cli::{BackendArgs, DurabilityArg};
+use crate::store_mode::{Backend, KeepAlive};
+use std::fmt::Write as _;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The server binary's name (crates/server).
+pub const SERVER_BINARY: &str = "server";
+/// Environment variable naming the server binary, for tests and CI.
+pub const SERVER_BINARY_VARIABLE: &str = "IDEM_SERVER_BIN";
+/// Longest wait for a spawned server to answer `/readyz`.
+pub const READY_MS_MAX: u64 = 30_000;
+/// Pause between readiness probes.
+const PROBE_MS: u64 = 50;
+/// Time a spawned server gets to stop after SIGTERM before it is killed.
+const STOP_MS_MAX: u64 = 5_000;
+/// Bytes of the server's log shown when it fails.
+const LOG_TAIL_BYTES_MAX: usize = 4_000;
+#[derive(Debug, thiserror::Error)]
+pub enum SpawnError {
+    #[error(
+        "the server binary was not found ({0}); build it with `cargo build --release -p server` or name it with --server-bin or {SERVER_BINARY_VARIABLE}"
+    )]
+    BinaryMissing(String),
+    #[error("{0}")]
+    Backend(String),
+    #[error("could not start {program}: {source}")]
+    Start { program: String, source: std::io::Error },
+    #[error("the server did not become ready within {READY_MS_MAX} ms; end of its log:\n{log}")]
+    NotReady { log: String },
+    #[error("the server exited while starting ({status}); end of its log:\n{log}")]
+    Exited { status: String, log: String },
+    #[error("spawn I/O: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// What a spawned server is configured with.
+#[derive(Debug, Clone)]
+pub struct SpawnSettings {
+    pub store_kind: Backend,
+    pub server_bin: Option<PathBuf>,
+    pub backend: BackendArgs,
+    pub carrier: CarrierSettings,
+    pub seed: u64,
+}
+
+/// The carrier simulator's behaviour.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CarrierSettings {
+    pub lost_reply_rate: f64,
+    pub latency_ms_min: u64,
+    pub latency_ms_max: u64,
+}
+
+/// One child process, stopped when dropped (SIGTERM, then SIGKILL).
+struct Process {
+    child: Option<Child>,
+    log_path: PathBuf,
+}
+
+impl Process {
+    fn start(binary: &Path, arguments: &[&str], log_path: PathBuf) -> Result<Self, SpawnError> {
+        let log = std::fs::File::create(&log_path)?;
+        let child = Command::new(binary)
+            .args(arguments)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .map_err(|source| SpawnError::Start {
+                program: binary.display().to_string(),
+                source,
+            })?;
+        Ok(Self {
+            child: Some(child),
+            log_path,
+        })
+    }
+
+    fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log_path).unwrap_or_default();
+        let start = text.len().saturating_sub(LOG_TAIL_BYTES_MAX);
+        text.get(start..).unwrap_or(&text).to_owned()
+    }
+
+    /// The exit status, if the process has ended.
+    fn exited(&mut self) -> Result<Option<String>, SpawnError> {
+        let Some(child) = self.child.as_mut() else {
+            return Ok(Some("not running".into()));
+        };
+        Ok(child.try_wait()?.map(|status| status.to_string()))
+    }
+
+    fn stop(&mut self) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        let _ = Command::new("kill").arg("-TERM").arg(child.id().to_string()).status();
+        let deadline = Instant::now() + Duration::from_millis(STOP_MS_MAX);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(PROBE_MS));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A running Label service and its carrier simulator, each a process of
+/// its own, so the service's memory is measured without the carrier's.
+pub struct SpawnedServer {
+    // Field order is drop order: the service stops before its carrier and
+    // its store's server.
+    service: Process,
+    carrier: Process,
+    pub base_url: String,
+    pub carrier_url: String,
+    pub notes: Vec<String>,
+    _backend: Vec<KeepAlive>,
+    _dir: tempfile::TempDir,
+}
+
+impl SpawnedServer {
+    /// The Label service's process id.
+    pub fn pid(&self) -> Option<u32> {
+        self.service.pid()
+    }
+
+    pub fn carrier_pid(&self) -> Option<u32> {
+        self.carrier.pid()
+    }
+
+    pub fn log_tail(&self) -> String {
+        self.service.log_tail()
+    }
+}
+
+/// The server binary: `--server-bin`, then `IDEM_SERVER_BIN`, then `server`
+/// beside this executable (or one directory up, for test binaries in
+/// `target/*/deps`).
+pub fn find_server_binary(explicit: Option<&Path>) -> Result<PathBuf, SpawnError> {
+    if let Some(path) = explicit {
+        return existing(path.to_path_buf());
+    }
+    if let Some(path) = std::env::var_os(SERVER_BINARY_VARIABLE) {
+        return existing(PathBuf::from(path));
+    }
+    let exe = std::env::current_exe()?;
+    let mut tried = Vec::new();
+    for dir in exe.ancestors().skip(1).take(2) {
+        let candidate = dir.join(SERVER_BINARY);
+        if candidate.is_file() {
+            return Ok(candidate);
+        }
+        tried.push(candidate.display().to_string());
+    }
+    Err(SpawnError::BinaryMissing(format!("tried {}", tried.join(", "))))
+}
+
+fn existing(path: PathBuf) -> Result<PathBuf, SpawnError> {
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(SpawnError::BinaryMissing(path.display().to_string()))
+    }
+}
+
+/// A port nothing listens on right now.
+pub fn free_port() -> Result<u16, SpawnError> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// Starts the carrier simulator, then the Label service configured to use
+/// it, and waits until both answer.
+pub async fn spawn(settings: &SpawnSettings) -> Result<SpawnedServer, SpawnError> {
+    let binary = find_server_binary(settings.server_bin.as_deref())?;
+    let dir = tempfile::Builder::new().prefix("idem-bench-server-").tempdir()?;
+    let (store_section, backend, mut notes) = store_config(settings, dir.path()).await?;
+    let carrier_port = free_port()?;
+    let carrier_url = format!("http://127.0.0.1:{carrier_port}");
+    let carrier_config = dir.path().join("carrier.toml");
+    std::fs::write(&carrier_config, simulator_config(settings))?;
+    let listen = format!("127.0.0.1:{carrier_port}");
+    let config_arg = carrier_config.display().to_string();
+    let mut carrier = Process::start(
+        &binary,
+        &["--config", &config_arg, "carrier", "--listen", &listen],
+        dir.path().join("carrier.log"),
+    )?;
+    wait_until_ready(&mut carrier, &format!("{carrier_url}{}", super::carrier::STATS_PATH)).await?;
+    let port = free_port()?;
+    let config_path = dir.path().join("server.toml");
+    std::fs::write(&config_path, server_config(port, &store_section, &carrier_url))?;
+    let config_arg = config_path.display().to_string();
+    let mut service = Process::start(&binary, &["--config", &config_arg], dir.path().join("server.log"))?;
+    let base_url = format!("http://127.0.0.1:{port}");
+    wait_until_ready(&mut service, &format!("{base_url}/readyz")).await?;
+    notes.push(format!(
+        "server: {} (pid {}), carrier simulator pid {}, latency {}..={} ms, lost replies {}",
+        binary.display(),
+        service.pid().unwrap_or(0),
+        carrier.pid().unwrap_or(0),
+        settings.carrier.latency_ms_min,
+        settings.carrier.latency_ms_max,
+        settings.carrier.lost_reply_rate
+    ));
+    Ok(SpawnedServer {
+        service,
+        carrier,
+        base_url,
+        carrier_url,
+        notes,
+        _backend: backend,
+        _dir: dir,
+    })
+}
+
+async fn wait_until_ready(process: &mut Process, url: &str) -> Result<(), SpawnError> {
+    let client = reqwest::Client::new();
+    let deadline = Instant::now() + Duration::from_millis(READY_MS_MAX);
+    while Instant::now() < deadline {
+        if let Some(status) = process.exited()? {
+            return Err(SpawnError::Exited {
+                status,
+                log: process.log_tail(),
+            });
+        }
+        let probe = client.get(url).timeout(Duration::from_millis(500)).send().await;
+        if probe.is_ok_and(|response| response.status().is_success()) {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(PROBE_MS)).await;
+    }
+    Err(SpawnError::NotReady {
+        log: process.log_tail(),
+    })
+}
+
+fn simulator_config(settings: &SpawnSettings) -> String {
+    let carrier = &settings.carrier;
+    format!(
+        "# Written by idem-bench for one run.\n[carrier.simulator]\nlatency_ms_min = {}\nlatency_ms_max = {}\nlost_reply_rate = {}\nseed = {}\n\n[log]\nlevel = \"warn\"\n",
+        carrier.latency_ms_min,
+        carrier.latency_ms_max,
+        carrier.lost_reply_rate,
+        // TOML integers are signed 64-bit.
+        (settings.seed % i64::MAX as u64).max(1)
+    )
+}
+
+fn server_config(port: u16, store_section: &str, carrier_url: &str) -> String {
+    let mut config = String::new();
+    let _ = writeln!(config, "# Written by idem-bench for one run.");
+    // Every other server setting (in-flight cap, request timeout, lease)
+    // stays at the server's default: the bench measures the server as it
+    // ships.
+    let _ = writeln!(config, "[server]\nlisten = \"127.0.0.1:{port}\"\n");
+    config.push_str(store_section);
+    let _ = writeln!(config, "\n[carrier]\nurl = \"{carrier_url}\"\n");
+    let _ = writeln!(config, "[log]\nlevel = \"warn\"");
+    config
+}
+
+type BackendGuards = Vec<KeepAlive>;
+
+/// The `[store]` sections, the backend servers they need, and notes. The
+/// embedded store is always configured: it holds the records with kind
+/// `embedded` and the labels with kind `redis`.
+async fn store_config(
+    settings: &SpawnSettings,
+    dir: &Path,
+) -> Result<(String, BackendGuards, Vec<String>), SpawnError> {
+    let durability = match settings.backend.embedded_durability {
+        DurabilityArg::SyncData => "sync_data",
+        DurabilityArg::SyncAll => "sync_all",
+        DurabilityArg::Buffer => "buffer",
+    };
+    let path = settings
+        .backend
+        .embedded_dir
+        .clone()
+        .unwrap_or_else(|| dir.join("data"));
+    let embedded = format!(
+        "[store.embedded]\npath = {:?}\ndurability = \"{durability}\"\n",
+        path.display().to_string()
+    );
+    let (kind_section, guards, mut notes) = match settings.store_kind {
+        Backend::Embedded => (String::new(), Vec::new(), Vec::new()),
+        Backend::Redis => redis_config(&settings.backend).await?,
+        Backend::Postgres => postgres_config(&settings.backend).await?,
+    };
+    notes.insert(0, format!("embedded store durability {durability}"));
+    let kind = settings.store_kind.name();
+    let section = format!("[store]\nkind = \"{kind}\"\n\n{embedded}\n{kind_section}");
+    Ok((section, guards, notes))
+}
+
+#[cfg(feature = "redis")]
+async fn redis_config(args: &BackendArgs) -> Result<(String, BackendGuards, Vec<String>), SpawnError> {
+    let address = crate::store_mode::redis::server_for(args).map_err(|error| SpawnError::Backend(error.to_string()))?;
+    let (url, guard, note) = (address.url, address.guard, address.note);
+    let section = format!("[store.redis]\nurls = [{url:?}]\n");
+    Ok((
+        section,
+        guard.into_iter().collect(),
+        vec![format!("store: redis at {url} ({note})")],
+    ))
+}
+
+#[cfg(not(feature = "redis"))]
+async fn redis_config(_: &BackendArgs) -> Result<(String, BackendGuards, Vec<String>), SpawnError> {
+    Err(SpawnError::Backend("redis is not built into this binary".into()))
+}
+
+#[cfg(feature = "postgres")]
+async fn postgres_config(args: &BackendArgs) -> Result<(String, BackendGuards, Vec<String>), SpawnError> {
+    let address = crate::store_mode::postgres::database_for(args)
+        .await
+        .map_err(|error| SpawnError::Backend(error.to_string()))?;
+    let (url, guard, note) = (address.url, address.guard, address.note);
+    let section = format!("[store.postgres]\nurl = {url:?}\n");
+    Ok((
+        section,
+        guard.into_iter().collect(),
+        vec![format!("store: postgres ({note})")],
+    ))
+}
+
+#[cfg(not(feature = "postgres"))]
+async fn postgres_config(_: &BackendArgs) -> Result<(String, BackendGuards, Vec<String>), SpawnError> {
+    Err(SpawnError::Backend("postgres is not built into this binary".into()))
+}

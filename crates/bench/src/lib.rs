@@ -1,0 +1,31 @@
+//! idem-bench: an open-loop load tester for idem.
+//!
+//! - [`schedule`] and [`engine`]: open-loop arrivals at a target rate, with
+//!   latency from each operation's intended start (coordinated omission
+//!   corrected, as wrk2 does), an in-flight bound, and closed-loop
+//!   saturation runs for raw baselines. They know nothing of idem.
+//! - [`recorder`] and [`report`]: HDR histograms, counts by outcome, one
+//!   bucket per second, and their summaries.
+//! - [`ramp`]: step the rate up until p99 passes an SLO.
+//! - [`store_mode`]: the `IdempotencyStore` API driven directly, with a raw
+//!   baseline per backend.
+//! - [`http_mode`]: the Fulfilment service against the Label service, and
+//!   the audit of every intent.
+//! - [`output`], [`chart`], [`progress`]: tables, JSON, SVG, progress bar.
+//! - [`targets`]: issue 6's targets, checked against what a run measured.
+
+pub mod chart;
+pub mod cli;
+pub mod commands;
+pub mod engine;
+pub mod http_mode;
+pub mod intent;
+pub mod machine;
+pub mod output;
+pub mod progress;
+pub mod ramp;
+pub mod recorder;
+pub mod report;
+pub mod schedule;
+pub mod store_mode;
+pub mod targets;

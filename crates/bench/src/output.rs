@@ -1,0 +1,294 @@
+//! The whole report of one `idem-bench` command: JSON file, SVG chart and
+//! the tables printed at the end.
+
+use crate::chart;
+use crate::http_mode::HttpReport;
+use crate::machine::Machine;
+use crate::ramp::RampReport;
+use crate::report::{RUN_HEADERS, RunSummary, Table, ms, rate, run_row};
+use crate::store_mode::run::StoreReport;
+use crate::targets::{self, TargetCheck};
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+
+/// A backend that could not be benchmarked on this machine, and why.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Unavailable {
+    pub backend: String,
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Report {
+    pub tool: String,
+    pub version: String,
+    pub command: Vec<String>,
+    pub machine: Machine,
+    pub seed: u64,
+    pub store: Vec<StoreReport>,
+    pub http: Vec<HttpReport>,
+    pub unavailable: Vec<Unavailable>,
+    /// Issue 6's targets against what this report measured.
+    pub targets: Vec<TargetCheck>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum OutputError {
+    #[error("cannot write {path}: {source}")]
+    Write { path: String, source: std::io::Error },
+    #[error("cannot encode the report: {0}")]
+    Encode(#[from] serde_json::Error),
+    #[error(transparent)]
+    Chart(#[from] chart::ChartError),
+}
+
+impl Report {
+    pub fn new(seed: u64) -> Self {
+        Self {
+            tool: "idem-bench".into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            command: std::env::args().collect(),
+            machine: Machine::now(),
+            seed,
+            store: Vec::new(),
+            http: Vec::new(),
+            unavailable: Vec::new(),
+            targets: Vec::new(),
+        }
+    }
+
+    /// Fills in the target checks from the runs.
+    pub fn check_targets(&mut self) {
+        self.targets = targets::evaluate(self);
+    }
+
+    pub fn write_json(&self, path: &Path) -> Result<(), OutputError> {
+        let text = serde_json::to_string_pretty(self)?;
+        std::fs::write(path, text).map_err(|source| OutputError::Write {
+            path: path.display().to_string(),
+            source,
+        })
+    }
+
+    /// Every run with a per-second series, named for the chart.
+    pub fn charted_runs(&self) -> Vec<(String, &RunSummary)> {
+        let mut runs = Vec::new();
+        for store in &self.store {
+            if let Some(open_loop) = &store.open_loop {
+                runs.push((format!("store {}", store.backend), open_loop));
+            }
+            if let Some(ramp) = &store.ramp {
+                push_ramp(&mut runs, &format!("store {}", store.backend), ramp);
+            }
+        }
+        for http in &self.http {
+            if let Some(open_loop) = &http.open_loop {
+                runs.push((format!("http {}", http.store_kind), open_loop));
+            }
+            if let Some(ramp) = &http.ramp {
+                push_ramp(&mut runs, &format!("http {}", http.store_kind), ramp);
+            }
+        }
+        runs
+    }
+
+    pub fn write_chart(&self, path: &Path) -> Result<(), OutputError> {
+        chart::write_svg(path, &self.charted_runs())?;
+        Ok(())
+    }
+
+    /// The final tables, side by side for every backend.
+    pub fn render_tables(&self) -> String {
+        let mut text = format!("machine: {}\nseed: {}\n\n", self.machine.describe(), self.seed);
+        let mut runs = Table::new(&RUN_HEADERS);
+        for store in &self.store {
+            if let Some(open_loop) = &store.open_loop {
+                runs.row(run_row(&format!("store {}", store.backend), open_loop));
+            }
+        }
+        for http in &self.http {
+            if let Some(open_loop) = &http.open_loop {
+                runs.row(run_row(
+                    &format!("http {} ({})", http.store_kind, http.key_mode),
+                    open_loop,
+                ));
+            }
+        }
+        text.push_str(&runs.render());
+        text.push_str(&self.render_outcomes());
+        text.push_str(&self.render_saturation());
+        text.push_str(&self.render_ramps());
+        for http in &self.http {
+            text.push('\n');
+            text.push_str(&http.render());
+        }
+        text.push_str(&self.render_targets());
+        for unavailable in &self.unavailable {
+            text.push_str(&format!(
+                "\n{} unavailable: {}\n",
+                unavailable.backend, unavailable.reason
+            ));
+        }
+        text
+    }
+
+    fn render_targets(&self) -> String {
+        if self.targets.is_empty() {
+            return String::new();
+        }
+        let mut table = Table::new(&["target (issue 6)", "run", "measured", "met"]);
+        for target in &self.targets {
+            table.row(vec![
+                target.target.clone(),
+                target.run.clone(),
+                target.measured.clone(),
+                if target.met { "yes" } else { "NO" }.into(),
+            ]);
+        }
+        format!("\ntargets:\n{}", table.render())
+    }
+
+    fn render_outcomes(&self) -> String {
+        let mut text = String::from("\noutcomes:\n");
+        let open_loops = self
+            .store
+            .iter()
+            .filter_map(|store| {
+                store
+                    .open_loop
+                    .as_ref()
+                    .map(|run| (format!("store {}", store.backend), run))
+            })
+            .chain(self.http.iter().filter_map(|http| {
+                http.open_loop
+                    .as_ref()
+                    .map(|run| (format!("http {}", http.store_kind), run))
+            }));
+        for (name, run) in open_loops {
+            text.push_str(&format!(
+                "  {name}: {}  (not sent {}, unfinished {}, start lag p99 {} ms)\n",
+                run.outcomes_text(),
+                run.not_sent,
+                run.unfinished,
+                ms(run.start_lag.p99_ms)
+            ));
+        }
+        text
+    }
+
+    fn render_saturation(&self) -> String {
+        let mut table = Table::new(&[
+            "backend",
+            "workers",
+            "intents/s (saturated)",
+            "p99 ms",
+            "baseline",
+            "baseline pairs/s",
+            "ratio",
+        ]);
+        let mut any = false;
+        for store in &self.store {
+            let Some(saturation) = &store.saturation else {
+                continue;
+            };
+            any = true;
+            let (baseline_name, baseline_rate) = match &store.baseline {
+                Some(baseline) => (baseline.name.clone(), rate(baseline.summary.achieved_rate_per_s)),
+                None => ("-".into(), "-".into()),
+            };
+            table.row(vec![
+                store.backend.clone(),
+                saturation.concurrency.to_string(),
+                rate(saturation.achieved_rate_per_s),
+                ms(saturation.latency.p99_ms),
+                baseline_name,
+                baseline_rate,
+                store
+                    .ratio_to_baseline
+                    .map(|ratio| format!("{:.0}%", ratio * 100.0))
+                    .unwrap_or("-".into()),
+            ]);
+            for reference in &store.references {
+                table.row(vec![
+                    store.backend.clone(),
+                    String::new(),
+                    String::new(),
+                    String::new(),
+                    reference.name.clone(),
+                    rate(reference.pairs_per_s),
+                    format!(
+                        "{:.0}%",
+                        saturation.achieved_rate_per_s / reference.pairs_per_s.max(1.0) * 100.0
+                    ),
+                ]);
+            }
+        }
+        if !any {
+            return String::new();
+        }
+        format!(
+            "\nsaturation (closed loop) against the raw baseline:\n{}",
+            table.render()
+        )
+    }
+
+    fn render_ramps(&self) -> String {
+        let ramps = self
+            .store
+            .iter()
+            .filter_map(|store| {
+                store
+                    .ramp
+                    .as_ref()
+                    .map(|ramp| (format!("store {}", store.backend), ramp))
+            })
+            .chain(self.http.iter().filter_map(|http| {
+                http.ramp
+                    .as_ref()
+                    .map(|ramp| (format!("http {}", http.store_kind), ramp))
+            }));
+        let mut text = String::new();
+        for (name, ramp) in ramps {
+            text.push_str(&render_ramp(&name, ramp));
+        }
+        text
+    }
+}
+
+fn push_ramp<'a>(runs: &mut Vec<(String, &'a RunSummary)>, name: &str, ramp: &'a RampReport) {
+    for step in &ramp.steps {
+        runs.push((format!("{name} @ {}/s", rate(step.rate_per_s)), &step.summary));
+    }
+}
+
+pub fn render_ramp(name: &str, ramp: &RampReport) -> String {
+    let mut table = Table::new(&[
+        "rate/s",
+        "achieved/s",
+        "p50 ms",
+        "p99 ms",
+        "p99.9 ms",
+        "held",
+        "why not",
+    ]);
+    for step in &ramp.steps {
+        table.row(vec![
+            rate(step.rate_per_s),
+            rate(step.summary.achieved_rate_per_s),
+            ms(step.summary.latency.p50_ms),
+            ms(step.summary.latency.p99_ms),
+            ms(step.summary.latency.p999_ms),
+            if step.held { "yes" } else { "no" }.into(),
+            step.reasons.join("; "),
+        ]);
+    }
+    let highest = ramp
+        .highest_held_per_s
+        .map(|value| format!("{}/s", rate(value)))
+        .unwrap_or_else(|| "none".into());
+    format!(
+        "\n{name} ramp (SLO p99 <= {} ms): highest rate that held: {highest}\n{}",
+        ramp.settings.slo_p99_ms,
+        table.render()
+    )
+}

@@ -1,0 +1,76 @@
+//! An unmodified Label service and carrier simulator, started in-process
+//! from the server crate on free loopback ports, and `idem-bench http` run
+//! against them as a separate process, as an operator would run it.
+
+use server::config::DurabilityConfig;
+use server::{App, Config, RunningServer};
+use std::path::Path;
+use std::process::Output;
+use tempfile::TempDir;
+use tokio::net::TcpListener;
+
+pub struct LabelService {
+    pub running: RunningServer,
+    pub carrier_url: String,
+    _data: TempDir,
+}
+
+impl LabelService {
+    /// The default configuration (the embedded store, the demo caller),
+    /// with a fast in-process carrier that drops `lost_reply_rate` of its
+    /// replies after buying.
+    pub async fn start(lost_reply_rate: f64) -> Self {
+        let data = tempfile::tempdir().unwrap();
+        let mut config = Config::default();
+        config.store.embedded.path = data.path().join("records");
+        config.store.embedded.durability = DurabilityConfig::Buffer;
+        config.carrier.simulator.latency_ms_min = 0;
+        config.carrier.simulator.latency_ms_max = 1;
+        config.carrier.simulator.lost_reply_rate = lost_reply_rate;
+        config.carrier.simulator.seed = 7;
+        let app = App::build(config).await.unwrap();
+        let carrier_url = app.carrier_simulator_url().expect("the simulator runs in-process");
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let running = app.start(listener).unwrap();
+        Self {
+            running,
+            carrier_url,
+            _data: data,
+        }
+    }
+}
+
+/// Runs `idem-bench http` for two seconds at 100 intents/s against
+/// `service`, with `extra` arguments, writing its JSON report to `json`.
+pub async fn run_bench(service: &LabelService, json: &Path, extra: &[&str]) -> Output {
+    let url = service.running.base_url();
+    let json = json.display().to_string();
+    let mut arguments = vec![
+        "http",
+        "--url",
+        &url,
+        "--carrier-url",
+        &service.carrier_url,
+        "--rate",
+        "100",
+        "--duration-s",
+        "2",
+        "--warmup-s",
+        "0",
+        "--seed",
+        "11",
+        "--quiet",
+        "--json",
+        &json,
+    ];
+    arguments.extend_from_slice(extra);
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_idem-bench"))
+        .args(&arguments)
+        .output()
+        .await
+        .unwrap()
+}
+
+pub fn read_report(json: &Path) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(json).unwrap()).unwrap()
+}
