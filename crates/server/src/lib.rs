@@ -12,6 +12,7 @@
 //! - [`backend`]: opens the stores `store.kind` names.
 //! - [`error`]: the one API error type (RFC 9457 problem details).
 //! - [`observe`], [`limits`], [`auth`], [`sweeper`], [`metrics`], [`openapi`], [`probes`].
+//! - [`failpoints`]: crash points in the label create path (feature `failpoints`, tests only).
 
 pub mod app;
 pub mod auth;
@@ -19,6 +20,7 @@ pub mod backend;
 pub mod carrier;
 pub mod config;
 pub mod error;
+pub mod failpoints;
 pub mod idempotency;
 pub mod instrumented;
 pub mod key_header;

@@ -15,6 +15,12 @@ use std::process::ExitCode;
 use tokio::net::TcpListener;
 use tracing_subscriber::EnvFilter;
 
+/// mimalloc instead of glibc's malloc: the request path allocates and frees
+/// many small buffers on several threads, where glibc's consolidation and
+/// free-list work cost about a sixth of the service's CPU under load.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(name = "server", about = "idem's Label service")]
 struct Cli {

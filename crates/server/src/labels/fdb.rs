@@ -8,6 +8,7 @@
 //! [`SplitLabels`] (records in Redis) they commit on their own first.
 
 use super::{Label, LabelStore, Parcel, StoredLabel, label_response};
+use crate::failpoints;
 use crate::instrumented::timed;
 use async_trait::async_trait;
 use std::sync::Arc;
@@ -149,6 +150,7 @@ impl<E: Engine> LabelStore for FdbLabels<E> {
         let layout = self.store.layout();
         let commit = self.store.complete_with(lease, |tx| async move {
             let stored = insert_or_existing(&tx, layout, label).await?;
+            failpoints::reached(failpoints::BEFORE_COMMIT).await;
             label_response(&stored.label).map_err(TxError::Abort)
         });
         timed(self.backend(), "label_commit", commit).await
@@ -190,6 +192,8 @@ impl<E: Engine> LabelStore for SplitLabels<E> {
 
     async fn commit(&self, lease: &HeldLease, label: &StoredLabel) -> Result<Fenced<SavedResponse>, StoreError> {
         let stored = self.labels.insert(label).await?;
+        // The non-atomic window: the label is committed, the record is not.
+        failpoints::reached(failpoints::BEFORE_COMMIT).await;
         let saved = label_response(&stored.label)?;
         Ok(match self.records.complete(lease, saved.clone()).await? {
             Fenced::Applied(()) => Fenced::Applied(saved),

@@ -11,6 +11,7 @@ use crate::app::AppState;
 use crate::auth::Caller;
 use crate::carrier::{CarrierLabel, CarrierLabelRequest, CarrierOutcome, carrier_key};
 use crate::error::{ApiError, Outcome, Problem};
+use crate::failpoints;
 use crate::idempotency::{Attempt, now_ms};
 use crate::metrics::LABELS_EXISTING_TOTAL;
 use crate::time::rfc3339_from_ms;
@@ -57,6 +58,7 @@ use store_core::HeldLease;
     )
 )]
 pub async fn create_label(State(state): State<AppState>, attempt: Attempt, body: Bytes) -> Response {
+    failpoints::reached(failpoints::AFTER_CLAIM).await;
     let request = match CreateLabelRequest::parse(&body) {
         Ok(request) => request,
         Err(detail) => {
@@ -90,6 +92,7 @@ pub async fn create_label(State(state): State<AppState>, attempt: Attempt, body:
         .await;
     match outcome {
         CarrierOutcome::Purchased { label, .. } => {
+            failpoints::reached(failpoints::AFTER_CARRIER).await;
             let stored = stored_label(&lease, label_from_carrier(label, now_ms()));
             commit(&state, attempt, stored).await
         }
@@ -107,9 +110,11 @@ pub async fn create_label(State(state): State<AppState>, attempt: Attempt, body:
 /// Transaction 2: the label and the completed record, together.
 async fn commit(state: &AppState, attempt: Attempt, stored: StoredLabel) -> Response {
     let labels = state.labels.clone();
-    attempt
+    let response = attempt
         .complete_with(|lease| async move { labels.commit(&lease, &stored).await })
-        .await
+        .await;
+    failpoints::reached(failpoints::AFTER_COMMIT).await;
+    response
 }
 
 /// A definitive refusal by the carrier is saved and replayed like a label.

@@ -4,6 +4,7 @@
 //! created by the server's own migration, run by store-postgres's runner.
 
 use super::{Label, LabelStore, Parcel, ShippingService, StoredLabel, label_response};
+use crate::failpoints;
 use crate::instrumented::timed;
 use async_trait::async_trait;
 use store_core::{CallerId, Fenced, HeldLease, SavedResponse, StoreError};
@@ -184,6 +185,7 @@ impl LabelStore for PostgresLabels {
             let stored = label.clone();
             Box::pin(async move {
                 let label = insert_or_existing(transaction, &stored).await?;
+                failpoints::reached(failpoints::BEFORE_COMMIT).await;
                 let saved = label_response(&label).map_err(|error| EffectError::Handler(Box::new(error)))?;
                 Ok((saved, ()))
             })

@@ -1,0 +1,103 @@
+//! Issue 7, item 5: a concurrency storm.
+//!
+//! 1,000 requests with one key and one body, all sent at once, while the
+//! carrier takes 300 ms: exactly one carrier purchase and one label; the
+//! first attempt's 201, and every other answer a 409 `request_in_progress`
+//! or a byte-identical replay of that 201. On every backend.
+//!
+//! `IDEM_STORM_REQUESTS` sets the number of requests (CI default 1,000).
+
+use crate::support::backends::{Backend, BackendSetup};
+use crate::support::service::{Service, ServiceOptions};
+use crate::support::{ALICE_ID, LabelPost, Reply, derived_key, label_body, scaled, unique_order_id};
+use server::config::SimulatorConfig;
+use std::time::{Duration, Instant};
+
+/// Requests when `IDEM_STORM_REQUESTS` is not set.
+pub const STORM_REQUESTS_CI_DEFAULT: usize = 1_000;
+/// Long enough that the storm arrives while the first attempt holds the lease.
+const CARRIER_LATENCY_MS: u64 = 1_000;
+
+fn storm_client(requests: usize) -> reqwest::Client {
+    reqwest::Client::builder()
+        .pool_max_idle_per_host(requests)
+        .timeout(Duration::from_secs(60))
+        .build()
+        .expect("client")
+}
+
+async fn storm(backend: Backend) {
+    let requests = scaled("IDEM_STORM_REQUESTS", STORM_REQUESTS_CI_DEFAULT);
+    let setup = BackendSetup::start(backend).await;
+    let options = ServiceOptions {
+        simulator: SimulatorConfig {
+            latency_ms_min: CARRIER_LATENCY_MS,
+            latency_ms_max: CARRIER_LATENCY_MS,
+            ..SimulatorConfig::default()
+        },
+        in_flight_max: requests * 2,
+        ..ServiceOptions::default()
+    };
+    let service = Service::start(&setup, options).await;
+    let http = storm_client(requests);
+    let order_id = unique_order_id();
+    let (key, body) = (derived_key(order_id, 1), label_body(order_id, 1));
+    let post = LabelPost::new(&key, &body);
+    let started = Instant::now();
+    let replies: Vec<Reply> = futures::future::join_all((0..requests).map(|_| post.send(&http, &service.base)))
+        .await
+        .into_iter()
+        .map(|reply| reply.expect("every request is answered"))
+        .collect();
+    let took = started.elapsed();
+
+    let firsts: Vec<&Reply> = replies.iter().filter(|r| r.status == 201 && !r.is_replay()).collect();
+    assert_eq!(firsts.len(), 1, "{backend:?}: exactly one first run");
+    let first = firsts[0];
+    let (mut replays, mut in_progress) = (0, 0);
+    for reply in &replies {
+        match (reply.status, reply.is_replay()) {
+            (201, false) => {}
+            (201, true) => {
+                assert_eq!(reply.body, first.body, "a replay differs from the first answer");
+                assert_eq!(reply.header("location"), first.header("location"));
+                replays += 1;
+            }
+            (409, _) => {
+                assert_eq!(reply.code(), "request_in_progress", "{}", reply.text());
+                assert!(reply.retry_after().is_some_and(|seconds| seconds >= 1));
+                in_progress += 1;
+            }
+            (status, _) => panic!("{backend:?}: a storm request got {status}: {}", reply.text()),
+        }
+    }
+    let stats = service.carrier_stats(&http).await;
+    assert_eq!((stats.requests_total, stats.purchases_total), (1, 1), "{stats:?}");
+    let census = service.census().await;
+    assert_eq!(census.labels_of(ALICE_ID, order_id, 1), [first.label_id()]);
+    assert_eq!(census.labels_total(), 1);
+    eprintln!(
+        "RELIABILITY storm backend={} requests={requests} took_ms={} first_runs=1 in_progress_409={in_progress} \
+         replays={replays} carrier_requests={} purchases={} labels={}",
+        backend.name(),
+        took.as_millis(),
+        stats.requests_total,
+        stats.purchases_total,
+        census.labels_total()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_storm_on_one_key_buys_one_label_embedded() {
+    storm(Backend::Embedded).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_storm_on_one_key_buys_one_label_redis() {
+    storm(Backend::Redis).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_storm_on_one_key_buys_one_label_postgres() {
+    storm(Backend::Postgres).await;
+}

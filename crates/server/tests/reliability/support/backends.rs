@@ -1,0 +1,103 @@
+//! The three backends as the tests run them: the embedded store in a
+//! temporary directory, a real redis-server of the test's own (durable: AOF
+//! with an fsync per write, so a restart on the same port keeps the records),
+//! and a fresh database on a real PostgreSQL server.
+
+use std::path::PathBuf;
+use store_postgres::testkit::PostgresServer;
+use store_redis::testkit::RedisServer;
+use tempfile::TempDir;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Embedded,
+    Redis,
+    Postgres,
+}
+
+impl Backend {
+    pub const ALL: [Backend; 3] = [Backend::Embedded, Backend::Redis, Backend::Postgres];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Embedded => "embedded",
+            Backend::Redis => "redis",
+            Backend::Postgres => "postgres",
+        }
+    }
+}
+
+/// Where one test's records and labels live.
+pub struct BackendSetup {
+    pub backend: Backend,
+    pub data: TempDir,
+    /// The test's own Redis, for `Backend::Redis`.
+    pub redis: Option<RedisServer>,
+    /// The test's database, for `Backend::Postgres`.
+    pub postgres_url: Option<String>,
+}
+
+/// Redis with an append-only file fsynced on every write: a restart on the
+/// same port finds every acknowledged record again.
+pub fn durable_redis() -> RedisServer {
+    RedisServer::start_with_args(&["--appendonly", "yes", "--appendfsync", "always"]).expect("start redis-server")
+}
+
+impl BackendSetup {
+    /// Starts what the backend needs, on the shared PostgreSQL server for postgres.
+    pub async fn start(backend: Backend) -> Self {
+        let postgres_url = match backend {
+            Backend::Postgres => Some(fresh_database(PostgresServer::shared()).await),
+            _ => None,
+        };
+        Self {
+            backend,
+            data: data_directory(),
+            redis: (backend == Backend::Redis).then(durable_redis),
+            postgres_url,
+        }
+    }
+
+    /// The embedded store's directory (records with embedded, labels with redis).
+    pub fn embedded_path(&self) -> PathBuf {
+        self.data.path().join("store")
+    }
+
+    /// `IDEM__STORE__*` settings for a server process or `Config::load`.
+    pub fn env(&self) -> Vec<(String, String)> {
+        let mut env = vec![
+            pair("IDEM__STORE__KIND", self.backend.name()),
+            pair("IDEM__STORE__EMBEDDED__PATH", self.embedded_path().display()),
+            // A process crash (SIGKILL) loses nothing the OS has; fdatasync
+            // per commit would only slow the tests down.
+            pair("IDEM__STORE__EMBEDDED__DURABILITY", "buffer"),
+        ];
+        if let Some(redis) = &self.redis {
+            env.push(pair("IDEM__STORE__REDIS__URLS", format!("[\"{}\"]", redis.url())));
+        }
+        if let Some(url) = &self.postgres_url {
+            env.push(pair("IDEM__STORE__POSTGRES__URL", format!("\"{url}\"")));
+        }
+        env
+    }
+}
+
+/// The test's data directory; kept after the test (and its path printed)
+/// when `IDEM_RELIABILITY_KEEP_DATA` is set, to look at what a failure left.
+fn data_directory() -> TempDir {
+    let mut directory = tempfile::tempdir().expect("temporary directory");
+    if std::env::var_os("IDEM_RELIABILITY_KEEP_DATA").is_some() {
+        directory.disable_cleanup(true);
+        eprintln!("data directory kept: {}", directory.path().display());
+    }
+    directory
+}
+
+/// A new empty database on `server`.
+pub async fn fresh_database(server: &PostgresServer) -> String {
+    server.create_database().await.expect("create a test database").url
+}
+
+pub fn pair(key: &str, value: impl ToString) -> (String, String) {
+    (key.to_owned(), value.to_string())
+}
