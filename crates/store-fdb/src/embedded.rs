@@ -15,9 +15,10 @@ use fjall::{KeyspaceCreateOptions, OptimisticTxDatabase, OptimisticTxKeyspace, P
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, mpsc};
 use std::time::{Duration, Instant};
 use store_core::StoreError;
+use tokio::sync::oneshot;
 
 /// Name of the single keyspace holding every key; the tuple layer gives the
 /// structure, as on FoundationDB.
@@ -155,59 +156,167 @@ fn splitmix64(mut z: u64) -> u64 {
 pub struct EmbeddedEngine {
     database: OptimisticTxDatabase,
     keyspace: OptimisticTxKeyspace,
-    durability: Durability,
-    group_sync: Arc<GroupSync>,
+    committer: Arc<Committer>,
     faults: Arc<FaultSwitch>,
 }
 
-/// Group commit: a transaction commits into the journal's OS buffers, then
-/// waits until an fdatasync that started after its commit has finished. One
-/// waiter at a time runs the sync for everyone committed so far, so under
-/// load many transactions share one sync instead of queueing for one each.
-/// (fjall syncs a journal before rotating it, so a sync never misses a
-/// commit that landed in the previous journal.)
-#[derive(Default)]
-struct GroupSync {
-    state: Mutex<GroupSyncState>,
-    synced: Condvar,
+/// What the committer thread answers: `Ok(true)` committed (and durable,
+/// when the durability asks for it), `Ok(false)` a conflict (nothing was
+/// written), `Err` an I/O failure during the commit or the sync (unknown).
+type CommitAnswer = Result<bool, String>;
+
+/// One request to the committer thread.
+struct CommitRequest {
+    /// `None` for a read-only transaction: nothing to commit, but what it
+    /// read must be durable before it is acknowledged.
+    transaction: Option<WriteTransaction>,
+    answer: oneshot::Sender<CommitAnswer>,
 }
 
-#[derive(Default)]
-struct GroupSyncState {
-    /// Commits that have reached the journal, numbered from 1.
-    committed: u64,
-    /// Every commit numbered up to here is durable.
-    synced: u64,
-    sync_running: bool,
+/// Group commit on one thread of its own. Every commit is handed to it; it
+/// takes all the requests that are waiting, commits them one after another
+/// into the journal's OS buffers, runs one fdatasync for all of them (when
+/// the durability asks for it), and only then answers each. Commits that
+/// arrive during a sync wait for the next one, so under load many commits
+/// share one sync, and a commit costs one hand-off instead of a blocking
+/// thread of its own. (fjall syncs a journal before rotating it, so a sync
+/// never misses a commit that landed in the previous journal.)
+struct Committer {
+    /// `None` once the engine is being dropped, which ends the thread.
+    requests: Option<mpsc::Sender<CommitRequest>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    watermarks: Arc<Watermarks>,
+    durable_commits: bool,
 }
 
-impl GroupSync {
-    /// Called after a commit reached the journal; returns once `sync` has
-    /// completed a run that began after that commit.
-    fn wait_until_durable(&self, sync: impl Fn() -> Result<(), fjall::Error>) -> Result<(), fjall::Error> {
-        let poisoned = || fjall::Error::Poisoned;
-        let mut state = self.state.lock().map_err(|_| poisoned())?;
-        state.committed += 1;
-        let mine = state.committed;
-        while state.synced < mine {
-            if state.sync_running {
-                state = self.synced.wait(state).map_err(|_| poisoned())?;
-                continue;
-            }
-            state.sync_running = true;
-            let target = state.committed;
-            drop(state);
-            let result = sync();
-            state = self.state.lock().map_err(|_| poisoned())?;
-            state.sync_running = false;
-            if result.is_ok() {
-                assert!(target >= state.synced, "the durable watermark never moves back");
-                state.synced = target;
-            }
-            self.synced.notify_all();
-            result?;
+/// Counts of write commits, so a read-only transaction can tell whether
+/// anything it may have read is not durable yet. Only the committer thread
+/// moves them.
+#[derive(Default)]
+struct Watermarks {
+    /// Write commits started, counted before each becomes visible.
+    started: AtomicU64,
+    /// Every write commit counted up to here is durable.
+    durable: AtomicU64,
+    /// Syncs run, for tests.
+    syncs: AtomicU64,
+}
+
+impl Committer {
+    fn start(database: OptimisticTxDatabase, durability: Durability) -> std::io::Result<Self> {
+        let (requests, queue) = mpsc::channel();
+        let watermarks = Arc::new(Watermarks::default());
+        let sync_mode = durability.sync_mode();
+        let thread_watermarks = watermarks.clone();
+        let thread = std::thread::Builder::new()
+            .name("idem-embedded-commit".to_owned())
+            .spawn(move || {
+                let sync = sync_mode.map(|mode| move || database.persist(mode));
+                run_committer(&queue, &thread_watermarks, sync);
+            })?;
+        Ok(Self {
+            requests: Some(requests),
+            thread: Some(thread),
+            watermarks,
+            durable_commits: sync_mode.is_some(),
+        })
+    }
+
+    /// Hands a request to the thread and waits for its answer.
+    async fn submit(&self, transaction: Option<WriteTransaction>) -> CommitAnswer {
+        let (answer, answered) = oneshot::channel();
+        let request = CommitRequest { transaction, answer };
+        let sent = match &self.requests {
+            Some(requests) => requests.send(request).is_ok(),
+            None => false,
+        };
+        if !sent {
+            return Err("the committer thread has stopped".to_owned());
         }
-        Ok(())
+        answered
+            .await
+            .unwrap_or_else(|_| Err("the committer thread dropped a commit".to_owned()))
+    }
+
+    /// True when every write commit that a read could have seen is durable
+    /// already (always, without durable commits): a read-only transaction
+    /// then needs no sync. Called after the transaction's reads: a commit
+    /// they saw was counted in `started` before it became visible.
+    fn reads_are_durable(&self) -> bool {
+        let started = self.watermarks.started.load(Ordering::SeqCst);
+        !self.durable_commits || self.watermarks.durable.load(Ordering::SeqCst) >= started
+    }
+}
+
+impl Drop for Committer {
+    fn drop(&mut self) {
+        // Closing the channel ends the thread once it has answered every
+        // request; joining it releases its handle on the database, so the
+        // directory can be opened again at once.
+        self.requests = None;
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// The committer thread: batches until the channel closes. `sync` is `None`
+/// when commits need no sync (`Durability::Buffer`).
+fn run_committer(
+    queue: &mpsc::Receiver<CommitRequest>,
+    watermarks: &Watermarks,
+    sync: Option<impl Fn() -> Result<(), fjall::Error>>,
+) {
+    while let Ok(first) = queue.recv() {
+        let mut batch = vec![first];
+        batch.extend(queue.try_iter());
+        let mut answers: Vec<_> = batch
+            .into_iter()
+            .map(|request| {
+                let answer = commit_one(request.transaction, watermarks);
+                (request.answer, answer)
+            })
+            .collect();
+        let started = watermarks.started.load(Ordering::SeqCst);
+        // Only commits since the last sync need one; a batch of read-only
+        // requests whose reads are covered already goes without.
+        let synced = match &sync {
+            Some(sync) if watermarks.durable.load(Ordering::SeqCst) < started => {
+                watermarks.syncs.fetch_add(1, Ordering::Relaxed);
+                sync()
+            }
+            _ => Ok(()),
+        };
+        match synced {
+            Ok(()) => watermarks.durable.store(started, Ordering::SeqCst),
+            // A failed sync leaves every commit of the batch, and every read
+            // waiting on it, unknown.
+            Err(error) => {
+                for (_, answer) in &mut answers {
+                    if !matches!(answer, Ok(false)) {
+                        *answer = Err(format!("sync failed: {error}"));
+                    }
+                }
+            }
+        }
+        for (sender, answer) in answers {
+            // A caller that stopped waiting has nothing to be told.
+            let _ = sender.send(answer);
+        }
+    }
+}
+
+/// Commits one transaction into the journal's OS buffers, counting it as
+/// started before it can become visible.
+fn commit_one(transaction: Option<WriteTransaction>, watermarks: &Watermarks) -> CommitAnswer {
+    let Some(transaction) = transaction else {
+        return Ok(true);
+    };
+    watermarks.started.fetch_add(1, Ordering::SeqCst);
+    match transaction.commit() {
+        Ok(Ok(())) => Ok(true),
+        Ok(Err(_conflict)) => Ok(false),
+        Err(error) => Err(error.to_string()),
     }
 }
 
@@ -235,11 +344,12 @@ impl EmbeddedEngine {
             sequence: AtomicU64::new(0),
             counters: FaultCounters::default(),
         };
+        let committer = Committer::start(database.clone(), config.durability)
+            .map_err(|error| StoreError::unavailable("cannot start the embedded store's committer thread", error))?;
         Ok(Self {
             database,
             keyspace,
-            durability: config.durability,
-            group_sync: Arc::default(),
+            committer: Arc::new(committer),
             faults: Arc::new(faults),
         })
     }
@@ -275,16 +385,28 @@ impl EmbeddedEngine {
         })))
     }
 
-    /// Commits on a blocking thread: with durable commits each one waits for
-    /// an fdatasync, which must not stall the async workers.
+    /// Commits through the committer thread: with durable commits each one
+    /// waits for an fdatasync, which must not stall the async workers.
     async fn commit(&self, transaction: EmbeddedTx) -> Result<(), EngineError> {
         transaction.0.check_age()?;
         // Taking the transaction out makes any clone the body kept unusable.
         let inner = transaction.0.take()?;
         // A transaction that wrote nothing has nothing to commit, on
-        // FoundationDB as here, so it cannot fail at commit.
+        // FoundationDB as here, so it cannot fail at commit. What it read
+        // must still be durable before it answers: with durable commits, a
+        // read may have seen a commit whose sync is still running.
         let wrote = transaction.0.written_bytes.load(Ordering::Relaxed) > 0;
-        let fault = if wrote { self.faults.next() } else { Fault::None };
+        if !wrote {
+            drop(inner);
+            if self.committer.reads_are_durable() {
+                return Ok(());
+            }
+            return match self.committer.submit(None).await {
+                Ok(_) => Ok(()),
+                Err(detail) => Err(EngineError::new(EngineErrorKind::CommitUnknownResult, detail)),
+            };
+        }
+        let fault = self.faults.next();
         match fault {
             Fault::Conflict => return Err(EngineError::new(EngineErrorKind::NotCommitted, "injected conflict")),
             Fault::UnknownBeforeCommit => {
@@ -295,38 +417,11 @@ impl EmbeddedEngine {
             }
             Fault::None | Fault::UnknownAfterCommit => {}
         }
-        let (database, group_sync, sync_mode) = (
-            self.database.clone(),
-            self.group_sync.clone(),
-            self.durability.sync_mode(),
-        );
-        // Ok(false) is a conflict: nothing was written.
-        let committed = tokio::task::spawn_blocking(move || -> Result<bool, fjall::Error> {
-            if inner.commit()?.is_err() {
-                return Ok(false);
-            }
-            if let Some(mode) = sync_mode {
-                group_sync.wait_until_durable(|| database.persist(mode))?;
-            }
-            Ok(true)
-        })
-        .await;
-        match committed {
-            Ok(Ok(true)) => {}
-            Ok(Ok(false)) => return Err(EngineError::new(EngineErrorKind::NotCommitted, "conflict")),
+        match self.committer.submit(Some(inner)).await {
+            Ok(true) => {}
+            Ok(false) => return Err(EngineError::new(EngineErrorKind::NotCommitted, "conflict")),
             // An I/O error during commit or sync leaves the outcome unknown.
-            Ok(Err(error)) => {
-                return Err(EngineError::new(
-                    EngineErrorKind::CommitUnknownResult,
-                    error.to_string(),
-                ));
-            }
-            Err(error) => {
-                return Err(EngineError::new(
-                    EngineErrorKind::CommitUnknownResult,
-                    error.to_string(),
-                ));
-            }
+            Err(detail) => return Err(EngineError::new(EngineErrorKind::CommitUnknownResult, detail)),
         }
         if let Fault::UnknownAfterCommit = fault {
             return Err(EngineError::new(
@@ -538,38 +633,129 @@ fn backoff(attempt: u32) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::AtomicU64;
+
+    /// A fresh fjall database with one written, uncommitted transaction per
+    /// request, queued for the committer.
+    fn queued_writes(
+        count: usize,
+    ) -> (
+        OptimisticTxDatabase,
+        mpsc::Receiver<CommitRequest>,
+        Vec<oneshot::Receiver<CommitAnswer>>,
+    ) {
+        let database = OptimisticTxDatabase::builder(EmbeddedConfig::temporary().path)
+            .temporary(true)
+            .open()
+            .unwrap();
+        let keyspace = database
+            .keyspace(KEYSPACE_NAME, KeyspaceCreateOptions::default)
+            .unwrap();
+        let (requests, queue) = mpsc::channel();
+        let mut answers = Vec::new();
+        for n in 0..count {
+            let mut transaction = database.write_tx().unwrap();
+            transaction.insert(&keyspace, format!("key-{n}"), "value");
+            let (answer, answered) = oneshot::channel();
+            requests
+                .send(CommitRequest {
+                    transaction: Some(transaction),
+                    answer,
+                })
+                .unwrap();
+            answers.push(answered);
+        }
+        (database, queue, answers)
+    }
 
     #[test]
-    fn group_sync_shares_one_sync_among_concurrent_commits_and_never_returns_early() {
-        const THREADS: u64 = 8;
-        const COMMITS_PER_THREAD: u64 = 50;
-        let group = GroupSync::default();
-        let syncs = AtomicU64::new(0);
-        // What the last finished sync covered, as seen by the sync itself.
-        let durable = AtomicU64::new(0);
-        std::thread::scope(|scope| {
-            for _ in 0..THREADS {
-                scope.spawn(|| {
-                    for _ in 0..COMMITS_PER_THREAD {
-                        group
-                            .wait_until_durable(|| {
-                                let covered = group.state.lock().unwrap().committed;
-                                std::thread::sleep(Duration::from_millis(2));
-                                syncs.fetch_add(1, Ordering::SeqCst);
-                                durable.fetch_max(covered, Ordering::SeqCst);
-                                Ok(())
-                            })
-                            .unwrap();
-                        let mine_at_most = group.state.lock().unwrap().committed;
-                        assert!(durable.load(Ordering::SeqCst) >= 1 && mine_at_most >= 1);
-                    }
-                });
+    fn waiting_commits_share_one_sync_and_none_is_answered_before_it() {
+        const COMMITS: usize = 20;
+        let (database, queue, answers) = queued_writes(COMMITS);
+        let answers = Mutex::new(answers);
+        let watermarks = Watermarks::default();
+        let sync = || {
+            for answered in answers.lock().unwrap().iter_mut() {
+                assert!(answered.try_recv().is_err(), "a commit was answered before its sync");
             }
-        });
-        let total = THREADS * COMMITS_PER_THREAD;
-        assert_eq!(group.state.lock().unwrap().synced, total, "every commit ended durable");
-        let syncs = syncs.load(Ordering::SeqCst);
-        assert!(syncs < total / 2, "{syncs} syncs for {total} commits: no grouping");
+            database.persist(PersistMode::SyncData)
+        };
+        // The channel closes when the queue is drained: the thread's loop ends.
+        run_committer(&queue, &watermarks, Some(sync));
+        for mut answered in answers.into_inner().unwrap() {
+            assert_eq!(answered.try_recv().unwrap(), Ok(true));
+        }
+        assert_eq!(watermarks.syncs.load(Ordering::SeqCst), 1);
+        assert_eq!(watermarks.started.load(Ordering::SeqCst), COMMITS as u64);
+        assert_eq!(watermarks.durable.load(Ordering::SeqCst), COMMITS as u64);
+    }
+
+    #[test]
+    fn a_failed_sync_leaves_every_commit_of_its_batch_unknown_and_nothing_durable() {
+        let (_database, queue, answers) = queued_writes(3);
+        let watermarks = Watermarks::default();
+        run_committer(&queue, &watermarks, Some(|| Err(fjall::Error::Poisoned)));
+        for mut answered in answers {
+            assert!(answered.try_recv().unwrap().is_err());
+        }
+        assert_eq!(watermarks.durable.load(Ordering::SeqCst), 0);
+    }
+
+    #[tokio::test]
+    async fn reads_wait_only_for_commits_not_yet_durable() {
+        let engine = EmbeddedEngine::open(&EmbeddedConfig::temporary()).unwrap();
+        assert!(engine.committer.reads_are_durable(), "nothing written yet");
+        let watermarks = &engine.committer.watermarks;
+        // A commit counted as started but not yet synced: a read may have seen it.
+        watermarks.started.fetch_add(1, Ordering::SeqCst);
+        assert!(!engine.committer.reads_are_durable());
+        // The read's barrier makes the committer sync what was started.
+        engine.committer.submit(None).await.unwrap();
+        assert!(engine.committer.reads_are_durable());
+        assert_eq!(watermarks.syncs.load(Ordering::SeqCst), 1);
+        // A barrier with nothing new to cover runs no sync.
+        engine.committer.submit(None).await.unwrap();
+        assert_eq!(watermarks.syncs.load(Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn dropping_the_committer_ends_its_thread_and_releases_the_database() {
+        let database = OptimisticTxDatabase::builder(EmbeddedConfig::temporary().path)
+            .temporary(true)
+            .open()
+            .unwrap();
+        let committer = Committer::start(database, Durability::SyncData).unwrap();
+        let watermarks = committer.watermarks.clone();
+        assert_eq!(
+            Arc::strong_count(&watermarks),
+            3,
+            "the committer, its thread and this test"
+        );
+        drop(committer);
+        assert_eq!(
+            Arc::strong_count(&watermarks),
+            1,
+            "the thread still runs after the drop"
+        );
+    }
+
+    #[tokio::test]
+    async fn commits_acknowledged_before_a_drop_are_there_after_reopening() {
+        let directory = EmbeddedConfig::temporary().path;
+        let config = EmbeddedConfig::new(&directory);
+        let key = b"written-before-the-drop";
+        let engine = EmbeddedEngine::open(&config).unwrap();
+        engine
+            .run(RunOptions::default(), |tx, _| async move { Ok(tx.set(key, b"1")?) })
+            .await
+            .unwrap();
+        drop(engine);
+        let reopened = EmbeddedEngine::open(&config).unwrap();
+        let value = reopened
+            .run(RunOptions::default(), |tx, _| async move { Ok(tx.get(key).await?) })
+            .await
+            .unwrap();
+        assert_eq!(value.as_deref(), Some(&b"1"[..]));
+        drop(reopened);
+        std::fs::remove_dir_all(&directory).unwrap();
     }
 }
