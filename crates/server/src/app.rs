@@ -13,9 +13,10 @@ use crate::idempotency::{Idempotency, IdempotencyLayer};
 use crate::labels::LabelStore;
 use crate::labels::handlers::{create_label, get_label};
 use crate::limits::{Limits, request_timeout, shed_overload};
+use crate::media_type::require_json;
 use crate::metrics::prometheus_handle;
 use crate::observe::observe;
-use crate::probes::{healthz, metrics, not_found, openapi_json, readyz};
+use crate::probes::{healthz, method_not_allowed, metrics, not_found, openapi_json, readyz};
 use crate::sweeper;
 use axum::Router;
 use axum::handler::Handler;
@@ -27,6 +28,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use store_core::StoreError;
+use store_fdb::EmbeddedEngine;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -40,16 +42,23 @@ pub struct AppState {
     pub metrics: PrometheusHandle,
     pub carrier_retry_after_s: u64,
     pub store_kind: &'static str,
+    /// The embedded engine, when one holds records or labels (for its metrics).
+    pub embedded: Option<EmbeddedEngine>,
 }
 
 /// The whole HTTP API. The `/v1` routes sit behind the in-flight cap, the
-/// request budget and authentication; `POST /v1/labels` also wears the
-/// idempotency layer. Probes, metrics and the document are open.
+/// request budget and authentication; `POST /v1/labels` also refuses bodies
+/// not declared JSON, then wears the idempotency layer. Probes, metrics and the document are open.
 pub fn router(state: AppState, callers: Callers, limits: Limits) -> Router {
     let idempotent = IdempotencyLayer::new(state.idempotency.clone(), BODY_BYTES_MAX);
     let api = Router::new()
-        .route("/v1/labels", post(create_label.layer(idempotent)))
+        .route(
+            "/v1/labels",
+            post(create_label.layer(idempotent).layer(from_fn(require_json))),
+        )
         .route("/v1/labels/{label_id}", get(get_label))
+        // Before the layers: it must reach the routes' own method routers.
+        .method_not_allowed_fallback(method_not_allowed)
         .layer(from_fn_with_state(callers, require_caller))
         .layer(from_fn_with_state(limits.clone(), request_timeout))
         .layer(from_fn_with_state(limits, shed_overload));
@@ -59,6 +68,7 @@ pub fn router(state: AppState, callers: Callers, limits: Limits) -> Router {
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .route("/openapi.json", get(openapi_json))
+        .method_not_allowed_fallback(method_not_allowed)
         .fallback(not_found)
         .layer(from_fn(observe))
         .with_state(state)
@@ -113,6 +123,7 @@ impl App {
             metrics,
             carrier_retry_after_s: config.carrier.retry_after_s,
             store_kind: config.store.kind.name(),
+            embedded: backends.embedded.clone(),
         };
         let limits = Limits::new(
             config.server.in_flight_max,

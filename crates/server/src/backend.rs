@@ -22,8 +22,9 @@ pub struct Backends {
     pub labels: Arc<dyn LabelStore>,
     /// One line for the startup log: where records and labels live.
     pub description: String,
-    /// Embedded engines to flush at shutdown.
-    embedded: Option<EmbeddedEngine>,
+    /// The embedded engine, if one is open: flushed at shutdown, observed
+    /// by the metrics.
+    pub embedded: Option<EmbeddedEngine>,
 }
 
 /// Why the stores could not be opened.

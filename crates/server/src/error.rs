@@ -63,6 +63,10 @@ pub enum ApiError {
     Unauthorized,
     #[error("no such resource")]
     NotFound,
+    #[error("this resource does not accept the {method} method")]
+    MethodNotAllowed { method: String },
+    #[error("the request body must be {expected}, declared in the Content-Type header")]
+    UnsupportedMediaType { expected: &'static str },
     #[error("the request body is larger than {limit_bytes} bytes")]
     PayloadTooLarge { limit_bytes: usize },
     #[error("another request with this key is in progress; retry with the same key after {retry_after_s} s")]
@@ -108,6 +112,8 @@ impl ApiError {
             | ApiError::InvalidRequest { .. } => StatusCode::BAD_REQUEST,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiError::NotFound => StatusCode::NOT_FOUND,
+            ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
+            ApiError::UnsupportedMediaType { .. } => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::RequestInProgress { .. } => StatusCode::CONFLICT,
             ApiError::IdempotencyKeyReused => StatusCode::UNPROCESSABLE_ENTITY,
@@ -128,6 +134,8 @@ impl ApiError {
             ApiError::InvalidRequest { .. } => "invalid_request",
             ApiError::Unauthorized => "unauthorized",
             ApiError::NotFound => "not_found",
+            ApiError::MethodNotAllowed { .. } => "method_not_allowed",
+            ApiError::UnsupportedMediaType { .. } => "unsupported_media_type",
             ApiError::PayloadTooLarge { .. } => "payload_too_large",
             ApiError::RequestInProgress { .. } => "request_in_progress",
             ApiError::IdempotencyKeyReused => "idempotency_key_reused",
@@ -159,6 +167,8 @@ impl ApiError {
             ApiError::InvalidRequest { .. } => "Invalid request",
             ApiError::Unauthorized => "Unauthorized",
             ApiError::NotFound => "Not found",
+            ApiError::MethodNotAllowed { .. } => "Method not allowed",
+            ApiError::UnsupportedMediaType { .. } => "Unsupported media type",
             ApiError::PayloadTooLarge { .. } => "Payload too large",
             ApiError::RequestInProgress { .. } => "Request in progress",
             ApiError::IdempotencyKeyReused => "Idempotency-Key reused",
@@ -186,7 +196,7 @@ impl ApiError {
     /// What the idempotency layer does with the key after this error.
     pub fn disposition(&self) -> Disposition {
         match self {
-            ApiError::InvalidRequest { .. } => Disposition::Abandon,
+            ApiError::InvalidRequest { .. } | ApiError::UnsupportedMediaType { .. } => Disposition::Abandon,
             ApiError::DownstreamUnavailable { .. }
             | ApiError::StoreUnavailable { .. }
             | ApiError::Overloaded { .. }

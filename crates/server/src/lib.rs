@@ -11,7 +11,7 @@
 //! - [`config`]: the TOML config with environment overrides.
 //! - [`backend`]: opens the stores `store.kind` names.
 //! - [`error`]: the one API error type (RFC 9457 problem details).
-//! - [`observe`], [`limits`], [`auth`], [`sweeper`], [`metrics`], [`openapi`], [`probes`].
+//! - [`observe`], [`limits`], [`auth`], [`media_type`], [`sweeper`], [`metrics`], [`openapi`], [`probes`].
 //! - [`failpoints`]: crash points in the label create path (feature `failpoints`, tests only).
 
 pub mod app;
@@ -26,6 +26,7 @@ pub mod instrumented;
 pub mod key_header;
 pub mod labels;
 pub mod limits;
+pub mod media_type;
 pub mod metrics;
 pub mod observe;
 pub mod openapi;

@@ -39,6 +39,10 @@ pub const CARRIER_CALL_DURATION_SECONDS: &str = "idem_carrier_call_duration_seco
 pub const LABELS_EXISTING_TOTAL: &str = "idem_labels_existing_total";
 /// Attempts whose outcome could not be recorded (store failure after the work).
 pub const COMPLETION_FAILURES_TOTAL: &str = "idem_completion_failures_total";
+/// Bytes the embedded store takes on disk (embedded stores only; read at scrape).
+pub const EMBEDDED_DISK_BYTES: &str = "idem_embedded_disk_bytes";
+/// Times the embedded store was reopened after a failed write (read at scrape).
+pub const EMBEDDED_REOPENS_TOTAL: &str = "idem_embedded_reopens_total";
 
 /// Histogram buckets for every `_seconds` metric: 1 ms to 30 s.
 pub const SECONDS_BUCKETS: &[f64] = &[
@@ -114,4 +118,19 @@ fn describe() {
         COMPLETION_FAILURES_TOTAL,
         "Attempts whose outcome could not be saved because the store failed after the work."
     );
+    describe_gauge!(
+        EMBEDDED_DISK_BYTES,
+        Unit::Bytes,
+        "Bytes the embedded store takes on disk."
+    );
+    describe_counter!(
+        EMBEDDED_REOPENS_TOTAL,
+        "Times the embedded store was reopened after a failed write or sync."
+    );
+}
+
+/// Sets the embedded store's gauges from the engine, at each scrape.
+pub fn observe_embedded(engine: &store_fdb::EmbeddedEngine) {
+    metrics::gauge!(EMBEDDED_DISK_BYTES).set(engine.disk_space_bytes() as f64);
+    metrics::counter!(EMBEDDED_REOPENS_TOTAL).absolute(engine.reopens());
 }

@@ -61,6 +61,9 @@ pub async fn readyz(State(state): State<AppState>) -> Response {
 #[utoipa::path(get, path = "/metrics", tag = "operations",
     responses((status = 200, description = "Prometheus text exposition format 0.0.4.", body = String, content_type = "text/plain")))]
 pub async fn metrics(State(state): State<AppState>) -> Response {
+    if let Some(engine) = &state.embedded {
+        crate::metrics::observe_embedded(engine);
+    }
     state.metrics.run_upkeep();
     let mut response = state.metrics.render().into_response();
     response
@@ -74,6 +77,14 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
     responses((status = 200, description = "The OpenAPI 3.1 description of this API.", body = Object, content_type = "application/json")))]
 pub async fn openapi_json() -> Response {
     Json(crate::openapi::document()).into_response()
+}
+
+/// A path that exists, with a method it does not serve. axum adds the
+/// `Allow` header.
+pub async fn method_not_allowed(method: axum::http::Method) -> ApiError {
+    ApiError::MethodNotAllowed {
+        method: method.to_string(),
+    }
 }
 
 /// Any other path.

@@ -47,6 +47,8 @@ use store_core::HeldLease;
             body = Problem, content_type = "application/problem+json",
             headers(("Retry-After" = u64, description = "Seconds until the lease ends, rounded up."))),
         (status = 413, description = "`payload_too_large`: the body is over 64 KiB.", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "`unsupported_media_type`: the Content-Type is not `application/json` (nothing was saved).",
+            body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "`idempotency_key_reused`: same key, different request. Never retry blindly.",
             body = Problem, content_type = "application/problem+json"),
         (status = 500, description = "`internal_error`.", body = Problem, content_type = "application/problem+json"),

@@ -11,6 +11,7 @@ mod limits;
 mod observability;
 mod openapi;
 mod process;
+mod routing;
 
 /// One `#[tokio::test]` per case per backend.
 macro_rules! backend_suite {

@@ -40,6 +40,8 @@ async fn the_exposition_passes_promtool_check_metrics() {
         "idem_http_requests_in_flight",
         "idem_store_operation_duration_seconds_bucket",
         "idem_carrier_calls_total",
+        "idem_embedded_disk_bytes",
+        "idem_embedded_reopens_total",
     ] {
         assert!(text.contains(name), "{name} missing from:\n{text}");
     }

@@ -38,7 +38,11 @@ async fn the_served_document_is_openapi_3_1_and_passes_the_validator() {
 fn every_route_header_and_problem_response_is_documented() {
     let document = openapi();
     let expected: &[(&str, &str, &[u16])] = &[
-        ("/v1/labels", "post", &[201, 400, 401, 409, 413, 422, 500, 502, 503]),
+        (
+            "/v1/labels",
+            "post",
+            &[201, 400, 401, 409, 413, 415, 422, 500, 502, 503],
+        ),
         ("/v1/labels/{label_id}", "get", &[200, 401, 404, 500, 503]),
         ("/healthz", "get", &[200]),
         ("/readyz", "get", &[200, 503]),

@@ -17,7 +17,10 @@ use crate::support::audit::{LabelCensus, census_embedded, open_embedded_at};
 use crate::support::backends::{Backend, BackendSetup, fresh_database, pair};
 use crate::support::process::ServerProcess;
 use crate::support::service::{Service, ServiceOptions};
-use crate::support::{ALICE_ID, LabelPost, Reply, callers_env, client, derived_key, label_body, unique_order_id};
+use crate::support::{
+    ALICE_ID, LabelPost, Reply, callers_env, client, derived_key, label_body, metric_value, metrics_text,
+    unique_order_id,
+};
 use server::carrier::{CARRIER_STATS_PATH, CarrierStats};
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -401,6 +404,9 @@ async fn a_full_disk_under_the_embedded_store_is_503_and_the_service_recovers_by
         "recovered by reopening the store: {}",
         server.log()
     );
+    let exposition = metrics_text(&client(), &server.url).await;
+    let reopens = metric_value(&exposition, "idem_embedded_reopens_total", &[]);
+    assert!(reopens >= 1.0, "the reopen is counted: {reopens}");
     let _ = server.terminate().await;
     let stats: CarrierStats = client()
         .get(format!("{}{CARRIER_STATS_PATH}", carrier.url))
