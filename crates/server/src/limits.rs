@@ -1,40 +1,35 @@
-//! Request limits: a cap on API requests in flight (beyond it, an
-//! immediate 503 `overloaded` instead of a queue), and a per-request budget.
+//! Request limits: the adaptive limit on requests in flight
+//! ([`crate::admission`]) and the per-request budget.
 
+use crate::admission::Admission;
 use crate::error::ApiError;
 use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::Semaphore;
 
 #[derive(Clone)]
 pub struct Limits {
-    in_flight: Arc<Semaphore>,
+    pub admission: Admission,
     request_timeout: Duration,
     retry_after_s: u64,
 }
 
 impl Limits {
-    pub fn new(in_flight_max: usize, request_timeout: Duration, retry_after_s: u64) -> Self {
+    /// `in_flight_max`: the most requests in flight the admission limit may
+    /// allow; `claim_latency_target`: the claim latency above which it shrinks.
+    pub fn new(
+        in_flight_max: usize,
+        claim_latency_target: Duration,
+        request_timeout: Duration,
+        retry_after_s: u64,
+    ) -> Self {
         Self {
-            in_flight: Arc::new(Semaphore::new(in_flight_max)),
+            admission: Admission::new(in_flight_max, claim_latency_target, retry_after_s),
             request_timeout,
             retry_after_s,
         }
     }
-}
-
-/// Sheds load: a request that finds every slot taken is refused at once.
-pub async fn shed_overload(State(limits): State<Limits>, request: Request, next: Next) -> Response {
-    let Ok(_permit) = limits.in_flight.clone().try_acquire_owned() else {
-        return ApiError::Overloaded {
-            retry_after_s: limits.retry_after_s,
-        }
-        .into_response();
-    };
-    next.run(request).await
 }
 
 /// Answers 503 `request_timeout` when the budget runs out. Idempotent work

@@ -12,7 +12,6 @@ use server::config::{Config, LogConfig, LogFormat, token_sha256};
 use server::{App, StartupError};
 use std::path::PathBuf;
 use std::process::ExitCode;
-use tokio::net::TcpListener;
 use tracing_subscriber::EnvFilter;
 
 /// mimalloc instead of glibc's malloc: the request path allocates and frees
@@ -98,13 +97,16 @@ fn init_tracing(log: &LogConfig) {
 async fn run_server(config: Config) -> Result<(), StartupError> {
     let listen = config.listen_addr()?;
     let app = App::build(config).await?;
-    let listener = TcpListener::bind(listen).await?;
+    let listener = server::app::listen(listen)?;
     tracing::info!("listening on http://{}", listener.local_addr()?);
     app.serve(listener, shutdown_signal()).await
 }
 
 async fn run_carrier(config: &Config, listen: &str) -> Result<(), StartupError> {
-    let listener = TcpListener::bind(listen).await?;
+    let address = listen
+        .parse()
+        .map_err(|error| StartupError::Carrier(format!("--listen {listen:?} is not host:port: {error}")))?;
+    let listener = server::app::listen(address)?;
     let server = CarrierServer::start(&config.carrier.simulator, listener)
         .await
         .map_err(|error| StartupError::Carrier(error.to_string()))?;

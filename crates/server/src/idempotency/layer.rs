@@ -7,11 +7,18 @@
 //! 3. reads the body up to the limit (413),
 //! 4. fingerprints method, path and body, and claims the key: replay,
 //!    409 with `Retry-After`, 422, or 503 when the store is down,
-//! 5. runs the route in a task of its own with the [`Attempt`] in the
-//!    request's extensions, and finishes the attempt by the route's answer
-//!    unless the route took it (the handler-level API).
+//! 5. runs the route with the [`Attempt`] in the request's extensions, and
+//!    finishes the attempt by the route's answer unless the route took it
+//!    (the handler-level API).
+//!
+//! Steps 3 to 5 run in a tracked task of their own, so neither a client
+//! hanging up nor a request timeout stops them half-way: not between an
+//! effect and its record, and not between a committed claim and the
+//! attempt that holds it (a claim cut off there would leave a lease no one
+//! holds, answering 409 to every retry until it ran out).
 
 use super::{Attempt, Begun, Idempotency, PendingAttempt};
+use crate::admission::Slot;
 use crate::auth::Caller;
 use crate::error::ApiError;
 use crate::key_header::{KeyHeaderError, idempotency_key};
@@ -23,6 +30,7 @@ use futures::future::BoxFuture;
 use http_body_util::BodyExt;
 use std::convert::Infallible;
 use std::task::{Context, Poll};
+use std::time::Instant;
 use store_core::Fingerprint;
 use tower::{Layer, Service, ServiceExt};
 
@@ -82,15 +90,25 @@ where
         let idempotency = self.idempotency.clone();
         let body_bytes_max = self.body_bytes_max;
         Box::pin(async move {
-            let response = match claim(&idempotency, body_bytes_max, request).await {
-                Ok(Claimed::Run(claimed)) => {
-                    let (attempt, request) = *claimed;
-                    run_route(&idempotency, attempt, inner, request).await
+            let tasks = idempotency.tasks().clone();
+            // The task keeps the request's admission slot until its work is
+            // done, even after the client hung up.
+            let slot = request.extensions().get::<Slot>().cloned();
+            let task = tasks.spawn(async move {
+                let _slot = slot;
+                match claim(&idempotency, body_bytes_max, request).await {
+                    Ok(Claimed::Run(claimed)) => {
+                        let (attempt, request) = *claimed;
+                        run_route(attempt, inner, request).await
+                    }
+                    Ok(Claimed::Replay(response)) => response,
+                    Err(error) => error.into_response(),
                 }
-                Ok(Claimed::Replay(response)) => response,
-                Err(error) => error.into_response(),
-            };
-            Ok(response)
+            });
+            Ok(match task.await {
+                Ok(response) => response,
+                Err(error) => ApiError::Internal(format!("the request's task failed: {error}")).into_response(),
+            })
         })
     }
 }
@@ -115,7 +133,12 @@ async fn claim(idempotency: &Idempotency, body_bytes_max: usize, request: Reques
     })?;
     let bytes = read_body(&parts.headers, body, body_bytes_max).await?;
     let fingerprint = Fingerprint::of_request(parts.method.as_str(), parts.uri.path(), &bytes);
-    match idempotency.begin(caller, key, fingerprint).await? {
+    let started = Instant::now();
+    let begun = idempotency.begin(caller, key, fingerprint).await;
+    if let Some(slot) = parts.extensions.get::<Slot>() {
+        slot.claimed_in(started.elapsed());
+    }
+    match begun? {
         Begun::Replay(response) => Ok(Claimed::Replay(response)),
         Begun::Acquired(attempt) => Ok(Claimed::Run(Box::new((
             attempt,
@@ -176,27 +199,20 @@ async fn drain(mut body: Body, already_read: usize) {
     let _ = tokio::time::timeout(std::time::Duration::from_millis(BODY_DRAIN_MS_MAX), discard).await;
 }
 
-/// Step 5: the route runs in a tracked task, so neither a client hanging up
-/// nor a request timeout stops an attempt between its effect and its record.
-async fn run_route<S>(idempotency: &Idempotency, attempt: Attempt, inner: S, mut request: Request) -> Response
+/// Step 5: the route, then the attempt finished by its answer unless the
+/// route took the attempt itself.
+async fn run_route<S>(attempt: Attempt, inner: S, mut request: Request) -> Response
 where
-    S: Service<Request, Response = Response, Error = Infallible> + Send + 'static,
-    S::Future: Send + 'static,
+    S: Service<Request, Response = Response, Error = Infallible>,
 {
     let pending = PendingAttempt::new(attempt);
     request.extensions_mut().insert(pending.clone());
-    let task = idempotency.tasks().spawn(async move {
-        let response = match inner.oneshot(request).await {
-            Ok(response) => response,
-            Err(never) => match never {},
-        };
-        match pending.take() {
-            Some(attempt) => attempt.finish(response).await,
-            None => response,
-        }
-    });
-    match task.await {
+    let response = match inner.oneshot(request).await {
         Ok(response) => response,
-        Err(error) => ApiError::Internal(format!("the route's task failed: {error}")).into_response(),
+        Err(never) => match never {},
+    };
+    match pending.take() {
+        Some(attempt) => attempt.finish(response).await,
+        None => response,
     }
 }

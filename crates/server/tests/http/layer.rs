@@ -227,6 +227,81 @@ impl IdempotencyStore for DownStore {
     }
 }
 
+/// A store whose claims commit at once but answer late, as a store does
+/// whose commit went through while its answer was still on the way.
+struct LateAnsweringStore {
+    inner: Arc<dyn IdempotencyStore>,
+    claim_answer_delay: Duration,
+}
+
+#[async_trait]
+impl IdempotencyStore for LateAnsweringStore {
+    fn backend_name(&self) -> &'static str {
+        "late-answering"
+    }
+    async fn claim(&self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
+        let outcome = self.inner.claim(request).await;
+        tokio::time::sleep(self.claim_answer_delay).await;
+        outcome
+    }
+    async fn checkpoint(&self, lease: &HeldLease, point: RecoveryPoint) -> Result<Fenced, StoreError> {
+        self.inner.checkpoint(lease, point).await
+    }
+    async fn complete(&self, lease: &HeldLease, saved: SavedResponse) -> Result<Fenced, StoreError> {
+        self.inner.complete(lease, saved).await
+    }
+    async fn release(&self, lease: &HeldLease) -> Result<Fenced, StoreError> {
+        self.inner.release(lease).await
+    }
+    async fn abandon(&self, lease: &HeldLease) -> Result<Fenced, StoreError> {
+        self.inner.abandon(lease).await
+    }
+    async fn purge_expired(&self, limit: usize) -> Result<PurgeReport, StoreError> {
+        self.inner.purge_expired(limit).await
+    }
+    async fn inspect(&self, caller: &CallerId, key: &IdempotencyKey) -> Result<Option<Record>, StoreError> {
+        self.inner.inspect(caller, key).await
+    }
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.inner.ping().await
+    }
+}
+
+/// A client that hangs up while its claim is committed but not yet
+/// answered must not leave a lease that no attempt holds: the claim and
+/// the route finish without it, and its retry gets the answer at once
+/// instead of 409 until the lease (30 s here) runs out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_hanging_up_during_the_claim_leaves_no_orphaned_lease() {
+    let store = Arc::new(LateAnsweringStore {
+        inner: embedded(Policy::default()),
+        claim_answer_delay: Duration::from_millis(300),
+    });
+    let (base, calls) = serve_route(store, created).await;
+    let key = fresh_key();
+    let impatient = reqwest::Client::builder()
+        .timeout(Duration::from_millis(100))
+        .build()
+        .unwrap();
+    let hung_up = impatient
+        .post(format!("{base}/v1/orders"))
+        .bearer_auth(ALICE)
+        .header("idempotency-key", &key)
+        .body("{}")
+        .send()
+        .await;
+    assert!(hung_up.is_err_and(|error| error.is_timeout()));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let retry = post_order(&base, &key, "{}").await;
+    assert_eq!(
+        (retry.status, retry.header("idempotent-replayed")),
+        (201, Some("true")),
+        "{}",
+        retry.text()
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_outage_is_503_with_retry_after_never_500() {
     let (base, calls) = serve_route(Arc::new(DownStore), created).await;

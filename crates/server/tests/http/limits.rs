@@ -102,7 +102,7 @@ async fn a_chunked_body_over_the_limit_is_413() {
     let mut stream = tokio::net::TcpStream::connect(&address).await.unwrap();
     let head = format!(
         "POST /v1/labels HTTP/1.1\r\nhost: {address}\r\nauthorization: Bearer {ALICE}\r\n\
-         idempotency-key: {}\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n",
+         content-type: application/json\r\nidempotency-key: {}\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n",
         fresh_key()
     );
     stream.write_all(head.as_bytes()).await.unwrap();

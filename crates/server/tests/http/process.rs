@@ -220,6 +220,7 @@ async fn a_crash_mid_purchase_ends_with_one_label_after_restart() {
         .post(format!("{}/v1/labels", first.url))
         .bearer_auth(ALICE)
         .header("idempotency-key", &key)
+        .header("content-type", "application/json")
         .body(body.clone())
         .send()
         .await;
