@@ -418,20 +418,14 @@ impl Shared {
         if !database.has_failed() {
             return Ok(database.clone());
         }
-        let opened_at = database.opened_at;
-        let failed = std::mem::replace(
-            &mut *current,
-            Current::Failed {
-                detail: "a commit or sync failed".to_owned(),
-                // A disk still full fails a fresh opening at its first write.
-                retry_at: opened_at + Duration::from_millis(REOPEN_INTERVAL_MS),
-            },
-        );
+        let failed = database.clone();
+        *current = Current::Failed {
+            detail: "a commit or sync failed".to_owned(),
+            // A disk still full fails a fresh opening at its first write.
+            retry_at: failed.opened_at + Duration::from_millis(REOPEN_INTERVAL_MS),
+        };
         tracing::error!(path = %self.config.path.display(), "embedded store failed a write; reopening it");
-        match failed {
-            Current::Open(database) => Err(Some(database)),
-            Current::Failed { .. } => unreachable!("replaced an open database"),
-        }
+        Err(Some(failed))
     }
 }
 
