@@ -5,7 +5,6 @@
 //! it on `127.0.0.1:0`; [`App::build`] opens everything a config names, and
 //! [`App::serve`] / [`App::start`] run it.
 
-use crate::admission::admit;
 use crate::auth::{Callers, require_caller};
 use crate::backend::{self, BackendError, Backends};
 use crate::carrier::{CarrierClient, CarrierServer};
@@ -13,7 +12,7 @@ use crate::config::{BODY_BYTES_MAX, Config, ConfigError, DEMO_CALLER_ID, DEMO_TO
 use crate::idempotency::{Idempotency, IdempotencyLayer};
 use crate::labels::LabelStore;
 use crate::labels::handlers::{create_label, get_label};
-use crate::limits::{Limits, request_timeout};
+use crate::limits::{Limits, request_timeout, shed_overload};
 use crate::media_type::require_json;
 use crate::metrics::prometheus_handle;
 use crate::observe::observe;
@@ -47,8 +46,8 @@ pub struct AppState {
     pub embedded: Option<EmbeddedEngine>,
 }
 
-/// The whole HTTP API. The `/v1` routes sit behind the adaptive limit on
-/// requests in flight, the request budget and authentication;
+/// The whole HTTP API. The `/v1` routes sit behind the cap on requests in
+/// flight, the request budget and authentication;
 /// `POST /v1/labels` also refuses bodies not declared JSON, then wears the
 /// idempotency layer. Probes, metrics and the document are open.
 pub fn router(state: AppState, callers: Callers, limits: Limits) -> Router {
@@ -63,7 +62,7 @@ pub fn router(state: AppState, callers: Callers, limits: Limits) -> Router {
         .method_not_allowed_fallback(method_not_allowed)
         .layer(from_fn_with_state(callers, require_caller))
         .layer(from_fn_with_state(limits.clone(), request_timeout))
-        .layer(from_fn_with_state(limits.admission, admit));
+        .layer(from_fn_with_state(limits, shed_overload));
     Router::new()
         .merge(api)
         .route("/healthz", get(healthz))
@@ -129,7 +128,6 @@ impl App {
         };
         let limits = Limits::new(
             config.server.in_flight_max,
-            Duration::from_millis(config.server.claim_latency_target_ms),
             Duration::from_millis(config.server.request_timeout_ms),
             config.server.retry_after_s,
         );

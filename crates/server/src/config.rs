@@ -37,10 +37,6 @@ pub const REQUEST_TIMEOUT_MS_DEFAULT: u64 = 25_000;
 pub const REQUEST_TIMEOUT_MS_MAX: u64 = 10 * 60 * 1000;
 /// Default cap on API requests in flight; beyond it the API answers 503 overloaded at once.
 pub const IN_FLIGHT_MAX_DEFAULT: usize = 1_024;
-/// Default claim latency above which the admission limit shrinks: well above
-/// a healthy claim (a few ms, one group fdatasync), well below the budgets
-/// clients give a request (the Fulfilment service's is 250 ms).
-pub const CLAIM_LATENCY_TARGET_MS_DEFAULT: u64 = 50;
 /// Largest in-flight cap accepted.
 pub const IN_FLIGHT_MAX_LIMIT: usize = 100_000;
 /// Default time shutdown waits for requests and their work to finish.
@@ -111,10 +107,9 @@ pub struct ServerConfig {
     /// `host:port`; port 0 picks a free port (tests).
     pub listen: String,
     pub request_timeout_ms: u64,
-    /// The most API requests in flight; the admission limit adapts below it.
+    /// The most API requests in flight, counting the work a request leaves
+    /// running after its client hung up.
     pub in_flight_max: usize,
-    /// Claim latency above which the admission limit shrinks.
-    pub claim_latency_target_ms: u64,
     pub shutdown_grace_ms: u64,
     /// `Retry-After` on store outages, overload and timeouts.
     pub retry_after_s: u64,
@@ -286,7 +281,6 @@ impl Default for ServerConfig {
             listen: LISTEN_DEFAULT.to_owned(),
             request_timeout_ms: REQUEST_TIMEOUT_MS_DEFAULT,
             in_flight_max: IN_FLIGHT_MAX_DEFAULT,
-            claim_latency_target_ms: CLAIM_LATENCY_TARGET_MS_DEFAULT,
             shutdown_grace_ms: SHUTDOWN_GRACE_MS_DEFAULT,
             retry_after_s: RETRY_AFTER_S_DEFAULT,
         }
@@ -493,12 +487,6 @@ impl Config {
             server.in_flight_max as u64,
             1,
             IN_FLIGHT_MAX_LIMIT as u64,
-        )?;
-        check_range(
-            "server.claim_latency_target_ms",
-            server.claim_latency_target_ms,
-            1,
-            REQUEST_TIMEOUT_MS_MAX,
         )?;
         check_range(
             "server.shutdown_grace_ms",

@@ -11,11 +11,9 @@
 //! - [`config`]: the TOML config with environment overrides.
 //! - [`backend`]: opens the stores `store.kind` names.
 //! - [`error`]: the one API error type (RFC 9457 problem details).
-//! - [`admission`]: the adaptive limit on requests in flight.
 //! - [`observe`], [`limits`], [`auth`], [`media_type`], [`sweeper`], [`metrics`], [`openapi`], [`probes`].
 //! - [`failpoints`]: crash points in the label create path (feature `failpoints`, tests only).
 
-pub mod admission;
 pub mod app;
 pub mod auth;
 pub mod backend;

@@ -1,35 +1,63 @@
-//! Request limits: the adaptive limit on requests in flight
-//! ([`crate::admission`]) and the per-request budget.
+//! Request limits: a cap on API requests in flight, counting the work a
+//! request leaves running after its client hung up (beyond it, an immediate
+//! 503 `overloaded` instead of a queue), and a per-request budget.
 
-use crate::admission::Admission;
 use crate::error::ApiError;
 use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 #[derive(Clone)]
 pub struct Limits {
-    pub admission: Admission,
+    in_flight: Arc<Semaphore>,
     request_timeout: Duration,
     retry_after_s: u64,
 }
 
 impl Limits {
-    /// `in_flight_max`: the most requests in flight the admission limit may
-    /// allow; `claim_latency_target`: the claim latency above which it shrinks.
-    pub fn new(
-        in_flight_max: usize,
-        claim_latency_target: Duration,
-        request_timeout: Duration,
-        retry_after_s: u64,
-    ) -> Self {
+    pub fn new(in_flight_max: usize, request_timeout: Duration, retry_after_s: u64) -> Self {
         Self {
-            admission: Admission::new(in_flight_max, claim_latency_target, retry_after_s),
+            in_flight: Arc::new(Semaphore::new(in_flight_max)),
             request_timeout,
             retry_after_s,
         }
     }
+
+    /// Places under the cap not taken right now.
+    pub fn free_slots(&self) -> usize {
+        self.in_flight.available_permits()
+    }
+}
+
+/// One admitted request's place under the cap, freed when its last clone is
+/// dropped. [`shed_overload`] puts one in the request's extensions; work
+/// that outlives the request (the idempotency layer's task) keeps a clone,
+/// so abandoned work cannot pile up beyond the cap.
+#[derive(Clone)]
+pub struct InFlightSlot {
+    _permit: Arc<OwnedSemaphorePermit>,
+}
+
+/// Sheds load: a request that finds every slot taken is refused at once.
+pub async fn shed_overload(State(limits): State<Limits>, mut request: Request, next: Next) -> Response {
+    let Ok(permit) = limits.in_flight.clone().try_acquire_owned() else {
+        return ApiError::Overloaded {
+            retry_after_s: limits.retry_after_s,
+        }
+        .into_response();
+    };
+    let slot = InFlightSlot {
+        _permit: Arc::new(permit),
+    };
+    request.extensions_mut().insert(slot.clone());
+    // Held here too: a handler may drop the request (and its extensions)
+    // before it has done its work.
+    let response = next.run(request).await;
+    drop(slot);
+    response
 }
 
 /// Answers 503 `request_timeout` when the budget runs out. Idempotent work
@@ -43,5 +71,38 @@ pub async fn request_timeout(State(limits): State<Limits>, request: Request, nex
             retry_after_s: limits.retry_after_s,
         }
         .into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::Router;
+    use axum::body::Body;
+    use axum::middleware::from_fn_with_state;
+    use axum::routing::get;
+    use tower::ServiceExt;
+
+    /// A handler without extractors gets no request at all: axum drops it,
+    /// extensions and all, before the handler runs.
+    async fn slow_without_extractors() -> &'static str {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        "done"
+    }
+
+    #[tokio::test]
+    async fn a_handler_that_drops_its_request_still_holds_its_slot_while_it_runs() {
+        let limits = Limits::new(1, Duration::from_secs(5), 1);
+        let router = Router::new()
+            .route("/slow", get(slow_without_extractors))
+            .layer(from_fn_with_state(limits.clone(), shed_overload));
+        let request = || Request::get("/slow").body(Body::empty()).unwrap();
+        let first = tokio::spawn(router.clone().oneshot(request()));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(limits.free_slots(), 0);
+        let second = router.clone().oneshot(request()).await.unwrap();
+        assert_eq!(second.status(), 503);
+        assert_eq!(first.await.unwrap().unwrap().status(), 200);
+        assert_eq!(limits.free_slots(), 1);
     }
 }

@@ -14,8 +14,6 @@ pub const HTTP_REQUESTS_TOTAL: &str = "idem_http_requests_total";
 pub const HTTP_REQUEST_DURATION_SECONDS: &str = "idem_http_request_duration_seconds";
 /// Requests being served right now.
 pub const HTTP_REQUESTS_IN_FLIGHT: &str = "idem_http_requests_in_flight";
-/// The adaptive limit on API requests in flight (see `admission`).
-pub const ADMISSION_LIMIT: &str = "idem_admission_limit";
 /// Store calls, by `backend`, `operation` and `result` (`ok` or `error`).
 pub const STORE_OPERATION_DURATION_SECONDS: &str = "idem_store_operation_duration_seconds";
 /// Claims that took over an expired or released lease.
@@ -81,10 +79,6 @@ fn describe() {
         "Time to answer a request."
     );
     describe_gauge!(HTTP_REQUESTS_IN_FLIGHT, "Requests being served.");
-    describe_gauge!(
-        ADMISSION_LIMIT,
-        "API requests (with the work they leave running) admitted at once; adapts to claim latency."
-    );
     describe_histogram!(
         STORE_OPERATION_DURATION_SECONDS,
         Unit::Seconds,

@@ -152,8 +152,11 @@ fn splitmix64(mut z: u64) -> u64 {
 }
 
 /// Shortest time between two openings of the database after failures, so
-/// that a disk that stays full is not hammered by every request.
+/// that a disk that stays full is not hammered by every request; it doubles
+/// with each opening that fails in a row, up to [`REOPEN_INTERVAL_MS_MAX`].
 const REOPEN_INTERVAL_MS: u64 = 250;
+/// Longest time between two openings while they keep failing.
+const REOPEN_INTERVAL_MS_MAX: u64 = 4_000;
 
 /// The embedded engine. Cheap to clone; one per process and directory.
 ///
@@ -172,18 +175,22 @@ struct Shared {
     config: EmbeddedConfig,
     faults: FaultSwitch,
     current: Mutex<Current>,
-    /// Held by the one task reopening the database; the others fail fast.
-    reopening: tokio::sync::Mutex<()>,
     reopens: AtomicU64,
+    /// [`REOPEN_INTERVAL_MS`], shorter or longer in tests.
+    reopen_interval: Duration,
 }
 
 /// What transactions begin on.
 enum Current {
     Open(Arc<OpenDatabase>),
-    /// The last opening failed (`detail`); no reopen before `retry_at`.
+    /// One task is opening the directory again; the others fail fast.
+    Reopening,
+    /// `failures` openings in a row failed, the last because of `detail`;
+    /// no new one before `retry_at`.
     Failed {
         detail: String,
         retry_at: Instant,
+        failures: u32,
     },
 }
 
@@ -195,6 +202,8 @@ struct OpenDatabase {
     keyspace: OptimisticTxKeyspace,
     committer: Committer,
     opened_at: Instant,
+    /// Openings that had failed in a row before this one.
+    failures_before: u32,
 }
 
 /// What the committer thread answers: `Ok(true)` committed (and durable,
@@ -371,7 +380,7 @@ fn io_error(error: impl std::fmt::Display) -> EngineError {
 impl OpenDatabase {
     /// Opens the directory (replaying fjall's journal) and starts its
     /// committer thread. Blocking.
-    fn open(config: &EmbeddedConfig) -> Result<Self, StoreError> {
+    fn open(config: &EmbeddedConfig, failures_before: u32) -> Result<Self, StoreError> {
         let unavailable = |error: fjall::Error| {
             StoreError::unavailable(
                 format!("cannot open embedded store at {}", config.path.display()),
@@ -393,6 +402,7 @@ impl OpenDatabase {
             keyspace,
             committer,
             opened_at: Instant::now(),
+            failures_before,
         })
     }
 
@@ -409,7 +419,7 @@ impl Shared {
     }
 
     /// The open database, unless it failed; a failed one is taken out of
-    /// service here and handed back to be closed.
+    /// service here and handed back, to be closed off the async workers.
     fn healthy(&self) -> Result<Arc<OpenDatabase>, Option<Arc<OpenDatabase>>> {
         let mut current = self.current();
         let Current::Open(database) = &*current else {
@@ -419,13 +429,63 @@ impl Shared {
             return Ok(database.clone());
         }
         let failed = database.clone();
+        // An opening that worked for a while starts the count again.
+        let lived = failed.opened_at.elapsed() > Duration::from_millis(REOPEN_INTERVAL_MS_MAX);
+        let failures = if lived { 1 } else { failed.failures_before + 1 };
         *current = Current::Failed {
             detail: "a commit or sync failed".to_owned(),
-            // A disk still full fails a fresh opening at its first write.
-            retry_at: failed.opened_at + Duration::from_millis(REOPEN_INTERVAL_MS),
+            retry_at: failed.opened_at + self.reopen_backoff(failures),
+            failures,
         };
         tracing::error!(path = %self.config.path.display(), "embedded store failed a write; reopening it");
         Err(Some(failed))
+    }
+
+    /// Takes the reopening on, if one is due and no one else has.
+    fn start_reopening(&self) -> Result<u32, EngineError> {
+        let mut current = self.current();
+        match &*current {
+            Current::Failed { retry_at, failures, .. } if Instant::now() >= *retry_at => {
+                let failures = *failures;
+                *current = Current::Reopening;
+                Ok(failures)
+            }
+            Current::Failed { detail, .. } => Err(io_error(format!("embedded store is unavailable: {detail}"))),
+            Current::Reopening => Err(io_error("embedded store is reopening after a failed write")),
+            Current::Open(_) => Err(io_error("embedded store was reopened meanwhile")),
+        }
+    }
+
+    /// Blocking: opens the directory again and puts the result in service.
+    fn reopen(&self, failures: u32) -> Result<Arc<OpenDatabase>, EngineError> {
+        let opened = OpenDatabase::open(&self.config, failures);
+        let mut current = self.current();
+        match opened {
+            Ok(database) => {
+                let database = Arc::new(database);
+                *current = Current::Open(database.clone());
+                self.reopens.fetch_add(1, Ordering::SeqCst);
+                tracing::warn!(path = %self.config.path.display(), "embedded store reopened");
+                Ok(database)
+            }
+            Err(error) => {
+                let detail = format!("reopening failed: {error}");
+                *current = Current::Failed {
+                    detail: detail.clone(),
+                    retry_at: Instant::now() + self.reopen_backoff(failures + 1),
+                    failures: failures + 1,
+                };
+                Err(io_error(detail))
+            }
+        }
+    }
+
+    /// The wait before the next opening after `failures` failed in a row.
+    fn reopen_backoff(&self, failures: u32) -> Duration {
+        let doubled = self
+            .reopen_interval
+            .saturating_mul(1 << failures.saturating_sub(1).min(16));
+        doubled.min(Duration::from_millis(REOPEN_INTERVAL_MS_MAX).max(self.reopen_interval))
     }
 }
 
@@ -433,10 +493,7 @@ impl Drop for Shared {
     fn drop(&mut self) {
         if self.config.temporary {
             // Close the database (joining its threads) before deleting it.
-            *self.current() = Current::Failed {
-                detail: "dropped".to_owned(),
-                retry_at: Instant::now(),
-            };
+            *self.current() = Current::Reopening;
             let _ = std::fs::remove_dir_all(&self.config.path);
         }
     }
@@ -444,7 +501,11 @@ impl Drop for Shared {
 
 impl EmbeddedEngine {
     pub fn open(config: &EmbeddedConfig) -> Result<Self, StoreError> {
-        let database = OpenDatabase::open(config)?;
+        Self::open_with_reopen_interval(config, Duration::from_millis(REOPEN_INTERVAL_MS))
+    }
+
+    fn open_with_reopen_interval(config: &EmbeddedConfig, reopen_interval: Duration) -> Result<Self, StoreError> {
+        let database = OpenDatabase::open(config, 0)?;
         let faults = FaultSwitch {
             plan: config.faults,
             sequence: AtomicU64::new(0),
@@ -455,8 +516,8 @@ impl EmbeddedEngine {
                 config: config.clone(),
                 faults,
                 current: Mutex::new(Current::Open(Arc::new(database))),
-                reopening: tokio::sync::Mutex::new(()),
                 reopens: AtomicU64::new(0),
+                reopen_interval,
             }),
         })
     }
@@ -489,55 +550,31 @@ impl EmbeddedEngine {
     }
 
     /// The database to begin on: the open one, or a fresh opening of the
-    /// directory when the last one failed.
+    /// directory when the last one failed. A reopening is due at most once
+    /// per interval and taken on by one task; every other caller gets an
+    /// `Io` error at once (not retried: the store answers `Unavailable`).
+    /// fjall refuses to open a directory while an earlier opening still
+    /// holds it, so a reopening succeeds only once the transactions of the
+    /// failed opening have all finished.
     async fn database(&self) -> Result<Arc<OpenDatabase>, EngineError> {
-        match self.shared.healthy() {
-            Ok(database) => Ok(database),
-            Err(failed) => self.reopen(failed).await,
-        }
-    }
-
-    /// Reopens the directory, at most once per [`REOPEN_INTERVAL_MS`] and by
-    /// one task at a time; every other caller gets an `Io` error at once
-    /// (not retried: the store answers `Unavailable`). fjall refuses to open
-    /// a directory while an earlier opening still holds it, so this succeeds
-    /// only once the transactions of the failed opening have all finished.
-    async fn reopen(&self, failed: Option<Arc<OpenDatabase>>) -> Result<Arc<OpenDatabase>, EngineError> {
-        let Ok(_reopening) = self.shared.reopening.try_lock() else {
-            return Err(io_error("embedded store is reopening after a failed write"));
+        let failed = match self.shared.healthy() {
+            Ok(database) => return Ok(database),
+            Err(failed) => failed,
         };
-        if let Current::Failed { detail, retry_at } = &*self.shared.current()
-            && Instant::now() < *retry_at
-        {
-            return Err(io_error(format!("embedded store is unavailable: {detail}")));
-        }
+        let (due, failed) = match (self.shared.start_reopening(), failed) {
+            // Nothing to open and nothing to close.
+            (Err(refused), None) => return Err(refused),
+            pair => pair,
+        };
         let shared = self.shared.clone();
-        // Blocking: closing the failed opening joins its threads, and
-        // opening replays the journal.
-        let opened = tokio::task::spawn_blocking(move || {
+        // Blocking, and not cancelled with this future: closing the failed
+        // opening joins its threads, opening replays the journal, and the
+        // result is put in service even if no one waits for it any more.
+        let reopened = tokio::task::spawn_blocking(move || {
             drop(failed);
-            OpenDatabase::open(&shared.config)
-        })
-        .await
-        .map_err(io_error)?;
-        let mut current = self.shared.current();
-        match opened {
-            Ok(database) => {
-                let database = Arc::new(database);
-                *current = Current::Open(database.clone());
-                self.shared.reopens.fetch_add(1, Ordering::SeqCst);
-                tracing::warn!(path = %self.shared.config.path.display(), "embedded store reopened");
-                Ok(database)
-            }
-            Err(error) => {
-                let detail = format!("reopening failed: {error}");
-                *current = Current::Failed {
-                    detail: detail.clone(),
-                    retry_at: Instant::now() + Duration::from_millis(REOPEN_INTERVAL_MS),
-                };
-                Err(io_error(detail))
-            }
-        }
+            shared.reopen(due?)
+        });
+        reopened.await.map_err(io_error)?
     }
 
     async fn begin(&self) -> Result<EmbeddedTx, EngineError> {
@@ -945,23 +982,20 @@ mod tests {
             .await
     }
 
-    async fn wait_for_reopen_interval() {
-        tokio::time::sleep(Duration::from_millis(REOPEN_INTERVAL_MS)).await;
+    /// An engine that reopens as soon as it may (no interval), or never
+    /// within a test (an hour).
+    fn engine_reopening_after(interval: Duration) -> EmbeddedEngine {
+        EmbeddedEngine::open_with_reopen_interval(&EmbeddedConfig::temporary(), interval).unwrap()
     }
 
+    const AT_ONCE: Duration = Duration::ZERO;
+    const NOT_WITHIN_A_TEST: Duration = Duration::from_secs(3_600);
+
     #[tokio::test]
-    async fn after_a_failed_write_the_directory_is_reopened_with_its_commits_once_the_interval_passed() {
-        let engine = EmbeddedEngine::open(&EmbeddedConfig::temporary()).unwrap();
+    async fn after_a_failed_write_the_directory_is_reopened_with_its_commits() {
+        let engine = engine_reopening_after(AT_ONCE);
         write(&engine, b"before").await.unwrap();
         fail_writes(&engine);
-        let refused = read(&engine, b"before").await.unwrap_err();
-        assert!(matches!(refused, StoreError::Unavailable { .. }), "{refused:?}");
-        assert_eq!(
-            engine.reopens(),
-            0,
-            "not within {REOPEN_INTERVAL_MS} ms of the last opening"
-        );
-        wait_for_reopen_interval().await;
         assert_eq!(read(&engine, b"before").await.unwrap().as_deref(), Some(&b"1"[..]));
         assert_eq!(engine.reopens(), 1);
         write(&engine, b"after").await.unwrap();
@@ -969,33 +1003,44 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn while_the_failed_opening_is_still_held_the_engine_fails_fast_then_reopens() {
-        let engine = EmbeddedEngine::open(&EmbeddedConfig::temporary()).unwrap();
-        wait_for_reopen_interval().await;
-        let straggler = engine.begin().await.unwrap();
+    async fn no_reopening_before_the_interval_and_the_refusal_is_not_retried() {
+        let engine = engine_reopening_after(NOT_WITHIN_A_TEST);
         fail_writes(&engine);
         let started = Instant::now();
-        let refused = write(&engine, b"key").await.unwrap_err();
-        assert!(
-            matches!(refused, StoreError::Unavailable { .. }),
-            "not retried: {refused:?}"
-        );
+        let refused = read(&engine, b"key").await.unwrap_err();
+        assert!(matches!(refused, StoreError::Unavailable { .. }), "{refused:?}");
         assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
-        // fjall kept the directory locked for the straggler; after a failed
-        // reopen the next waits for the interval.
+        assert_eq!(engine.reopens(), 0);
+    }
+
+    #[tokio::test]
+    async fn while_the_failed_opening_is_still_held_reopening_fails_then_succeeds_once_it_is_gone() {
+        let engine = engine_reopening_after(AT_ONCE);
+        let straggler = engine.begin().await.unwrap();
+        fail_writes(&engine);
+        // fjall keeps the directory locked while the straggler holds it.
+        let refused = write(&engine, b"key").await.unwrap_err();
+        assert!(matches!(refused, StoreError::Unavailable { .. }), "{refused:?}");
+        assert_eq!(engine.reopens(), 0);
         drop(straggler);
-        assert!(write(&engine, b"key").await.is_err());
-        wait_for_reopen_interval().await;
         write(&engine, b"key").await.unwrap();
         assert_eq!(engine.reopens(), 1);
+    }
+
+    #[test]
+    fn the_wait_between_failed_openings_doubles_up_to_its_most() {
+        let engine = EmbeddedEngine::open(&EmbeddedConfig::temporary()).unwrap();
+        let waits: Vec<u128> = (1..=7)
+            .map(|failures| engine.shared.reopen_backoff(failures).as_millis())
+            .collect();
+        assert_eq!(waits, [250, 500, 1_000, 2_000, 4_000, 4_000, 4_000]);
     }
 
     #[tokio::test]
     async fn a_temporary_engine_deletes_its_directory_once_dropped_even_after_a_reopen() {
         let config = EmbeddedConfig::temporary();
-        let engine = EmbeddedEngine::open(&config).unwrap();
+        let engine = EmbeddedEngine::open_with_reopen_interval(&config, AT_ONCE).unwrap();
         fail_writes(&engine);
-        wait_for_reopen_interval().await;
         write(&engine, b"key").await.unwrap();
         assert_eq!(engine.reopens(), 1);
         assert!(config.path.exists());

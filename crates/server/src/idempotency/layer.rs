@@ -11,17 +11,19 @@
 //!    finishes the attempt by the route's answer unless the route took it
 //!    (the handler-level API).
 //!
-//! Steps 3 to 5 run in a tracked task of their own, so neither a client
+//! Steps 4 and 5 run in a tracked task of their own, so neither a client
 //! hanging up nor a request timeout stops them half-way: not between an
 //! effect and its record, and not between a committed claim and the
 //! attempt that holds it (a claim cut off there would leave a lease no one
-//! holds, answering 409 to every retry until it ran out).
+//! holds, answering 409 to every retry until it ran out). Steps 1 to 3 stay
+//! in the request's future, bounded by its budget: a client trickling its
+//! body holds nothing once the budget runs out.
 
 use super::{Attempt, Begun, Idempotency, PendingAttempt};
-use crate::admission::Slot;
 use crate::auth::Caller;
 use crate::error::ApiError;
 use crate::key_header::{KeyHeaderError, idempotency_key};
+use crate::limits::InFlightSlot;
 use axum::body::Body;
 use axum::extract::Request;
 use axum::http::{HeaderMap, header};
@@ -30,8 +32,7 @@ use futures::future::BoxFuture;
 use http_body_util::BodyExt;
 use std::convert::Infallible;
 use std::task::{Context, Poll};
-use std::time::Instant;
-use store_core::Fingerprint;
+use store_core::{CallerId, Fingerprint, IdempotencyKey};
 use tower::{Layer, Service, ServiceExt};
 
 /// Makes every route it wraps idempotent.
@@ -90,13 +91,18 @@ where
         let idempotency = self.idempotency.clone();
         let body_bytes_max = self.body_bytes_max;
         Box::pin(async move {
-            let tasks = idempotency.tasks().clone();
-            // The task keeps the request's admission slot until its work is
-            // done, even after the client hung up.
-            let slot = request.extensions().get::<Slot>().cloned();
-            let task = tasks.spawn(async move {
+            // Steps 1 to 3 in the request's own future: cut off by the
+            // request budget or a hang-up, they leave nothing behind.
+            let prepared = match prepare(body_bytes_max, request).await {
+                Ok(prepared) => prepared,
+                Err(error) => return Ok(error.into_response()),
+            };
+            // The task keeps the request's place under the in-flight cap
+            // until its work is done, even after the client hung up.
+            let slot = prepared.request.extensions().get::<InFlightSlot>().cloned();
+            let task = idempotency.tasks().clone().spawn(async move {
                 let _slot = slot;
-                match claim(&idempotency, body_bytes_max, request).await {
+                match claim(&idempotency, prepared).await {
                     Ok(Claimed::Run(claimed)) => {
                         let (attempt, request) = *claimed;
                         run_route(attempt, inner, request).await
@@ -113,14 +119,23 @@ where
     }
 }
 
+/// A request read whole and fingerprinted, ready to claim its key.
+struct Prepared {
+    caller: CallerId,
+    key: IdempotencyKey,
+    fingerprint: Fingerprint,
+    /// The request again, its body now the bytes read.
+    request: Request,
+}
+
 enum Claimed {
     /// Boxed: the attempt and the request are large, and this is built once per request.
     Run(Box<(Attempt, Request)>),
     Replay(Response),
 }
 
-/// Steps 1 to 4: everything before the route runs.
-async fn claim(idempotency: &Idempotency, body_bytes_max: usize, request: Request) -> Result<Claimed, ApiError> {
+/// Steps 1 to 3: the caller, the key, the bounded body and the fingerprint.
+async fn prepare(body_bytes_max: usize, request: Request) -> Result<Prepared, ApiError> {
     let (parts, body) = request.into_parts();
     let Some(Caller(caller)) = parts.extensions.get::<Caller>().cloned() else {
         return Err(ApiError::Internal(
@@ -133,18 +148,26 @@ async fn claim(idempotency: &Idempotency, body_bytes_max: usize, request: Reques
     })?;
     let bytes = read_body(&parts.headers, body, body_bytes_max).await?;
     let fingerprint = Fingerprint::of_request(parts.method.as_str(), parts.uri.path(), &bytes);
-    let started = Instant::now();
-    let begun = idempotency.begin(caller, key, fingerprint).await;
-    if let Some(slot) = parts.extensions.get::<Slot>() {
-        slot.claimed_in(started.elapsed());
-    }
-    match begun? {
-        Begun::Replay(response) => Ok(Claimed::Replay(response)),
-        Begun::Acquired(attempt) => Ok(Claimed::Run(Box::new((
-            attempt,
-            Request::from_parts(parts, Body::from(bytes)),
-        )))),
-    }
+    Ok(Prepared {
+        caller,
+        key,
+        fingerprint,
+        request: Request::from_parts(parts, Body::from(bytes)),
+    })
+}
+
+/// Step 4: claim the key.
+async fn claim(idempotency: &Idempotency, prepared: Prepared) -> Result<Claimed, ApiError> {
+    let Prepared {
+        caller,
+        key,
+        fingerprint,
+        request,
+    } = prepared;
+    Ok(match idempotency.begin(caller, key, fingerprint).await? {
+        Begun::Replay(response) => Claimed::Replay(response),
+        Begun::Acquired(attempt) => Claimed::Run(Box::new((attempt, request))),
+    })
 }
 
 /// Most bytes of an oversized body read and discarded before answering 413.

@@ -41,6 +41,50 @@ async fn requests_beyond_the_in_flight_cap_are_refused_at_once() {
     server.shutdown().await;
 }
 
+/// Work a request leaves running after its client hung up keeps its place
+/// under the cap until it is done, so abandoned work cannot pile up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn work_left_running_by_a_hung_up_client_holds_its_slot_until_done() {
+    let options = Options {
+        in_flight_max: 1,
+        ..Options::default()
+    };
+    let server = TestServer::start_with(Backend::Embedded, options).await;
+    server
+        .carrier_script(&[ScriptStep {
+            delay_ms: 1_000,
+            fault: SimulatedFault::None,
+        }])
+        .await;
+    let impatient = reqwest::Client::builder()
+        .timeout(Duration::from_millis(200))
+        .build()
+        .unwrap();
+    let hung_up = impatient
+        .post(format!("{}/v1/labels", server.base))
+        .bearer_auth(ALICE)
+        .header("idempotency-key", fresh_key())
+        .header("content-type", "application/json")
+        .body(label_body(order_id(), 1))
+        .send()
+        .await;
+    assert!(hung_up.is_err_and(|error| error.is_timeout()));
+    let meanwhile = server
+        .post_label(Some(ALICE), Some(&fresh_key()), &label_body(order_id(), 1))
+        .await;
+    assert_eq!(
+        (meanwhile.status, meanwhile.code().as_str()),
+        (503, "overloaded"),
+        "the abandoned attempt still holds the only slot"
+    );
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    let after = server
+        .post_label(Some(ALICE), Some(&fresh_key()), &label_body(order_id(), 1))
+        .await;
+    assert_eq!(after.status, 201, "freed once its work was done: {}", after.text());
+    server.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_over_budget_times_out_but_its_work_completes_and_replays() {
     let options = Options {

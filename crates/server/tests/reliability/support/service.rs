@@ -33,8 +33,6 @@ pub struct ServiceOptions {
     pub carrier_timeout_ms: u64,
     pub simulator: SimulatorConfig,
     pub in_flight_max: usize,
-    /// The admission limit's claim latency target.
-    pub claim_latency_target_ms: u64,
     pub request_timeout_ms: u64,
     pub redis_response_timeout_ms: u64,
 }
@@ -51,7 +49,6 @@ impl Default for ServiceOptions {
                 ..SimulatorConfig::default()
             },
             in_flight_max: 4_096,
-            claim_latency_target_ms: server::config::CLAIM_LATENCY_TARGET_MS_DEFAULT,
             request_timeout_ms: 25_000,
             redis_response_timeout_ms: 2_000,
         }
@@ -96,7 +93,6 @@ impl Service {
         let callers = Callers::from_config(&[caller(ALICE_ID, ALICE), caller(BOB_ID, BOB)]).expect("callers");
         let limits = Limits::new(
             options.in_flight_max,
-            Duration::from_millis(options.claim_latency_target_ms),
             Duration::from_millis(options.request_timeout_ms),
             1,
         );
