@@ -492,7 +492,8 @@ impl Shared {
 impl Drop for Shared {
     fn drop(&mut self) {
         if self.config.temporary {
-            // Close the database (joining its threads) before deleting it.
+            // Close the database (joining its threads) before deleting it;
+            // any state but `Open` will do, nothing begins here any more.
             *self.current() = Current::Reopening;
             let _ = std::fs::remove_dir_all(&self.config.path);
         }
