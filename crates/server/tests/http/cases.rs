@@ -67,12 +67,7 @@ pub async fn repeat_is_replayed_byte_for_byte(backend: Backend) {
 /// `request_in_progress` with Retry-After; afterwards, the replay.
 pub async fn concurrent_repeat_gets_409_then_the_replay(backend: Backend) {
     let server = TestServer::start(backend).await;
-    server
-        .carrier_script(&[ScriptStep {
-            delay_ms: 1_500,
-            fault: SimulatedFault::None,
-        }])
-        .await;
+    server.delay_next_carrier_call(1_500).await;
     let (key, body) = (fresh_key(), label_body(order_id(), 1));
     let first = {
         let (base_server, key, body) = (&server, key.clone(), body.clone());
@@ -106,12 +101,7 @@ pub async fn same_key_with_another_body_is_422(backend: Backend) {
     let replay = server.post_label(Some(ALICE), Some(&key), &label_body(order, 1)).await;
     assert_eq!(replay.body, first.body);
 
-    server
-        .carrier_script(&[ScriptStep {
-            delay_ms: 1_000,
-            fault: SimulatedFault::None,
-        }])
-        .await;
+    server.delay_next_carrier_call(1_000).await;
     let busy_key = fresh_key();
     let slow_body = label_body(order, 3);
     let slow = server.post_label(Some(ALICE), Some(&busy_key), &slow_body);
@@ -323,12 +313,7 @@ pub async fn carrier_timeout_then_retry_gets_the_same_label(backend: Backend) {
         ..Options::default()
     };
     let server = TestServer::start_with(backend, options).await;
-    server
-        .carrier_script(&[ScriptStep {
-            delay_ms: 900,
-            fault: SimulatedFault::None,
-        }])
-        .await;
+    server.delay_next_carrier_call(900).await;
     let (key, order) = (fresh_key(), order_id());
     let timed_out = server.post_label(Some(ALICE), Some(&key), &label_body(order, 1)).await;
     assert_eq!(

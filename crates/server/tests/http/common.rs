@@ -3,7 +3,7 @@
 //! an HTTP client whose every reply is checked against the OpenAPI document.
 
 use serde_json::Value;
-use server::carrier::{CARRIER_SCRIPT_PATH, CARRIER_STATS_PATH, CarrierStats, ScriptStep};
+use server::carrier::{CARRIER_SCRIPT_PATH, CARRIER_STATS_PATH, CarrierStats, ScriptStep, SimulatedFault};
 use server::config::{Config, token_sha256};
 use server::{App, RunningServer};
 use std::sync::{Arc, OnceLock};
@@ -179,6 +179,15 @@ impl TestServer {
         let url = format!("{}{CARRIER_STATS_PATH}", self.carrier);
         let response = self.client.get(url).send().await.expect("carrier answers");
         response.json().await.expect("stats")
+    }
+
+    /// Makes the carrier's next call answer after `delay_ms`, normally.
+    pub async fn delay_next_carrier_call(&self, delay_ms: u64) {
+        let step = ScriptStep {
+            delay_ms,
+            fault: SimulatedFault::None,
+        };
+        self.carrier_script(&[step]).await;
     }
 
     /// Queues the carrier's behaviour for its next calls.

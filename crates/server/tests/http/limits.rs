@@ -2,7 +2,6 @@
 //! budget (503 request_timeout, while the idempotent work still finishes).
 
 use crate::common::{ALICE, Backend, Options, TestServer, fresh_key, label_body, order_id, purchases_for};
-use server::carrier::{ScriptStep, SimulatedFault};
 use std::time::{Duration, Instant};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -12,12 +11,7 @@ async fn requests_beyond_the_in_flight_cap_are_refused_at_once() {
         ..Options::default()
     };
     let server = TestServer::start_with(Backend::Embedded, options).await;
-    server
-        .carrier_script(&[ScriptStep {
-            delay_ms: 1_000,
-            fault: SimulatedFault::None,
-        }])
-        .await;
+    server.delay_next_carrier_call(1_000).await;
     let body = label_body(order_id(), 1);
     let busy_key = fresh_key();
     let busy = server.post_label(Some(ALICE), Some(&busy_key), &body);
@@ -50,12 +44,7 @@ async fn work_left_running_by_a_hung_up_client_holds_its_slot_until_done() {
         ..Options::default()
     };
     let server = TestServer::start_with(Backend::Embedded, options).await;
-    server
-        .carrier_script(&[ScriptStep {
-            delay_ms: 1_000,
-            fault: SimulatedFault::None,
-        }])
-        .await;
+    server.delay_next_carrier_call(1_000).await;
     let impatient = reqwest::Client::builder()
         .timeout(Duration::from_millis(200))
         .build()
@@ -92,12 +81,7 @@ async fn a_request_over_budget_times_out_but_its_work_completes_and_replays() {
         ..Options::default()
     };
     let server = TestServer::start_with(Backend::Embedded, options).await;
-    server
-        .carrier_script(&[ScriptStep {
-            delay_ms: 800,
-            fault: SimulatedFault::None,
-        }])
-        .await;
+    server.delay_next_carrier_call(800).await;
     let (key, order) = (fresh_key(), order_id());
     let started = Instant::now();
     let timed_out = server.post_label(Some(ALICE), Some(&key), &label_body(order, 1)).await;
@@ -120,12 +104,7 @@ async fn a_request_over_budget_times_out_but_its_work_completes_and_replays() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn graceful_shutdown_finishes_work_in_flight() {
     let server = TestServer::start(Backend::Embedded).await;
-    server
-        .carrier_script(&[ScriptStep {
-            delay_ms: 600,
-            fault: SimulatedFault::None,
-        }])
-        .await;
+    server.delay_next_carrier_call(600).await;
     let (key, body) = (fresh_key(), label_body(order_id(), 1));
     let request = server.post_label(Some(ALICE), Some(&key), &body);
     let stop = async {
