@@ -6,7 +6,7 @@
 //! FoundationDB's client library. Running needs a cluster: FoundationDB's
 //! default cluster file, or the one named by `FDB_CLUSTER_FILE`. Without a
 //! reachable cluster every test fails with instructions; none passes
-//! silently. See crates/store-fdb/FOUNDATIONDB.md.
+//! silently. See store-fdb/FOUNDATIONDB.md.
 #![cfg(feature = "foundationdb")]
 
 use std::sync::Arc;
@@ -28,7 +28,7 @@ this test needs a running FoundationDB cluster and its client library:
   2. fdbcli --exec \"configure new single ssd\"   (once, on a new cluster);
   3. fdbcli --exec status                          (must say the database is available);
   4. FDB_CLUSTER_FILE=/etc/foundationdb/fdb.cluster cargo test -p store-fdb --features foundationdb
-see crates/store-fdb/FOUNDATIONDB.md";
+see store-fdb/FOUNDATIONDB.md";
 
 fn cluster_unavailable(what: &str, error: impl std::fmt::Display) -> ! {
     panic!("FoundationDB {what}: {error}\n{HOW_TO_RUN}");

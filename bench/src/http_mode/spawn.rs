@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// The server binary's name (crates/server).
+/// The server binary's name (server).
 pub const SERVER_BINARY: &str = "server";
 /// Environment variable naming the server binary, for tests and CI.
 pub const SERVER_BINARY_VARIABLE: &str = "IDEM_SERVER_BIN";
