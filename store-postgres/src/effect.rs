@@ -9,7 +9,9 @@ use std::future::Future;
 use std::pin::Pin;
 use store_core::machine::{self, CompletionFence, Found, Write};
 use store_core::{HeldLease, SavedResponse, StoreError};
-use tokio_postgres::Transaction;
+// deadpool's transaction, so effects can use the connection's statement cache
+// (`prepare_cached`); it dereferences to tokio-postgres's `Transaction`.
+use deadpool_postgres::Transaction;
 
 /// What an effect returns: the response to save under the key, and a value
 /// of its own for the caller. It borrows the transaction it writes through.

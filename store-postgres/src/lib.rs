@@ -18,6 +18,7 @@ mod config;
 mod effect;
 mod error;
 mod migrate;
+mod one_statement;
 mod row;
 mod store;
 #[cfg(feature = "testkit")]
@@ -28,6 +29,9 @@ pub use config::{
     POOL_SIZE_DEFAULT, POOL_SIZE_MAX, POOL_WAIT_TIMEOUT_MS_DEFAULT, PostgresConfig, STATEMENT_TIMEOUT_MS_DEFAULT,
     TIMEOUT_MS_MAX,
 };
+/// The driver and its pool, so callers write effects against the same versions
+/// (an effect gets a `deadpool_postgres::Transaction`).
+pub use deadpool_postgres;
 pub use effect::{Completion, EffectFuture};
 pub use error::{CompleteWithError, EffectError, RETRY_BACKOFF_MS_MAX, TRANSACTION_ATTEMPTS_MAX};
 pub use migrate::{
@@ -35,5 +39,4 @@ pub use migrate::{
     MigrationReport, STORE_MIGRATION_NAMESPACE, STORE_MIGRATIONS,
 };
 pub use store::PostgresStore;
-/// The driver, so callers write effects against the same version.
 pub use tokio_postgres;

@@ -1,20 +1,24 @@
-//! [`PostgresStore`]: the seed's two short transactions, with every decision
-//! made by store-core's pure state machine on the row locked `FOR UPDATE`.
+//! [`PostgresStore`]: the specification's two short transactions, with every
+//! decision made by store-core's pure state machine.
 //!
-//! Each call is one transaction that reads the clock (`now()`, the
-//! transaction's start, so every comparison inside it sees one instant),
-//! locks the record, asks [`store_core::machine`] what to do, writes that one
-//! step and commits. No transaction or lock outlives a call, so nothing is
-//! held while the handler talks to the carrier.
+//! Each call first tries its common case as one autocommit statement
+//! (`one_statement.rs`: one round trip, the machine run on what the
+//! statement read). Where that statement's guard does not hold, the call is
+//! one transaction that reads the clock (`now()`, the transaction's start, so
+//! every comparison inside it sees one instant), locks the record, asks
+//! [`store_core::machine`] what to do, writes that one step and commits. No
+//! transaction or lock outlives a call, so nothing is held while the handler
+//! talks to the carrier.
 
 use crate::config::{ConfigError, PostgresConfig};
 use crate::error::{Attempt, RETRY_BACKOFF_MS_MAX, TRANSACTION_ATTEMPTS_MAX};
+use crate::one_statement::{self, FencedWrite};
 use crate::row::{RecordColumns, Slot, guard_of, record_columns, record_from_row, time_column};
 use async_trait::async_trait;
 use deadpool_postgres::{GenericClient, Pool};
 use std::future::Future;
 use std::time::Duration;
-use store_core::machine::{self, Found, Step, Write};
+use store_core::machine::{self, Found, Write};
 use store_core::{
     CallerId, ClaimOutcome, ClaimRequest, Fenced, HeldLease, IdempotencyKey, IdempotencyStore, PURGE_BATCH_MAX, Policy,
     PurgeReport, Record, RecoveryPoint, SavedResponse, StoreError,
@@ -160,53 +164,66 @@ impl PostgresStore {
         .into())
     }
 
-    /// Transaction 1 of the seed: insert the claim, or lock and inspect the
-    /// row that is already there, and commit at once.
+    /// Transaction 1 of the specification: one statement when the key is
+    /// new or its record needs no write (see `one_statement.rs`); otherwise
+    /// the locked path.
     async fn claim_once(&self, request: &ClaimRequest) -> Result<ClaimOutcome, Attempt<StoreError>> {
         let slot = Slot::new(&request.caller, &request.key);
         let mut connection = self.pool.get().await?;
+        if let Some(outcome) = one_statement::claim(&connection, &slot, request, &self.policy).await? {
+            return Ok(outcome);
+        }
+        self.claim_locked(&mut connection, &slot, request).await
+    }
+
+    /// A claim in a transaction: insert, or lock and inspect the row that is
+    /// already there, let the machine decide, and commit at once.
+    async fn claim_locked(
+        &self,
+        connection: &mut deadpool_postgres::Object,
+        slot: &Slot,
+        request: &ClaimRequest,
+    ) -> Result<ClaimOutcome, Attempt<StoreError>> {
         let transaction = connection.transaction().await?;
-        let (now_ms, tombstoned) = read_clock_and_tombstone(&transaction, &slot).await?;
+        let (now_ms, tombstoned) = read_clock_and_tombstone(&transaction, slot).await?;
         let absent = if tombstoned { Found::Tombstone } else { Found::Nothing };
         let first_run = machine::claim(absent, request, now_ms, &self.policy);
         if let Write::Put(record) = &first_run.write
-            && insert_record(&transaction, &slot, record).await?
+            && insert_record(&transaction, slot, record).await?
         {
             transaction.commit().await?;
             return Ok(first_run.outcome);
         }
         // The key exists as a committed row (ON CONFLICT waited for any
         // insert in flight): lock it and let the machine decide.
-        let (existing, now_ms) = lock_record(&transaction, &slot).await?;
+        let (existing, now_ms) = lock_record(&transaction, slot).await?;
         let Some(existing) = existing else {
             return Err(Attempt::Conflict(
                 "the row was deleted between the insert and the lock".into(),
             ));
         };
         let step = machine::claim(Found::Record(&existing), request, now_ms, &self.policy);
-        write_step(&transaction, &slot, Some(&existing), &step.write).await?;
+        write_step(&transaction, slot, Some(&existing), &step.write).await?;
         transaction.commit().await?;
         Ok(step.outcome)
     }
 
-    /// A fenced write (transaction 2 without an effect): lock the row, let
-    /// the machine check the token and make the step, commit.
-    async fn fenced<T>(&self, lease: &HeldLease, transition: T) -> Result<Fenced, StoreError>
-    where
-        T: Fn(Found<'_>, u64) -> Step<Fenced> + Send + Sync,
-    {
-        self.with_retries(|| self.fenced_once(lease, &transition)).await
+    /// A fenced write (transaction 2 without an effect): one statement
+    /// while the token holds the record, otherwise the locked path.
+    async fn fenced(&self, lease: &HeldLease, write: FencedWrite<'_>) -> Result<Fenced, StoreError> {
+        self.with_retries(|| self.fenced_once(lease, write)).await
     }
 
-    async fn fenced_once<T>(&self, lease: &HeldLease, transition: &T) -> Result<Fenced, Attempt<StoreError>>
-    where
-        T: Fn(Found<'_>, u64) -> Step<Fenced> + Send + Sync,
-    {
+    async fn fenced_once(&self, lease: &HeldLease, write: FencedWrite<'_>) -> Result<Fenced, Attempt<StoreError>> {
         let slot = Slot::new(&lease.caller, &lease.key);
         let mut connection = self.pool.get().await?;
+        if let Some(outcome) = one_statement::fenced_write(&connection, &slot, lease, write, &self.policy).await? {
+            return Ok(outcome);
+        }
+        // Lock the row, let the machine check the token and make the step.
         let transaction = connection.transaction().await?;
         let (record, now_ms) = lock_record(&transaction, &slot).await?;
-        let step = transition(Found::from_record(record.as_ref()), now_ms);
+        let step = write.step(Found::from_record(record.as_ref()), lease, now_ms, &self.policy);
         write_step(&transaction, &slot, record.as_ref(), &step.write).await?;
         transaction.commit().await?;
         Ok(step.outcome)
@@ -360,27 +377,19 @@ impl IdempotencyStore for PostgresStore {
     }
 
     async fn checkpoint(&self, lease: &HeldLease, point: RecoveryPoint) -> Result<Fenced, StoreError> {
-        self.fenced(lease, |found, now_ms| {
-            machine::checkpoint(found, lease.token, point.clone(), now_ms)
-        })
-        .await
+        self.fenced(lease, FencedWrite::Checkpoint(&point)).await
     }
 
     async fn complete(&self, lease: &HeldLease, response: SavedResponse) -> Result<Fenced, StoreError> {
-        self.fenced(lease, |found, now_ms| {
-            machine::complete(found, lease.token, response.clone(), now_ms, &self.policy)
-        })
-        .await
+        self.fenced(lease, FencedWrite::Complete(&response)).await
     }
 
     async fn release(&self, lease: &HeldLease) -> Result<Fenced, StoreError> {
-        self.fenced(lease, |found, now_ms| machine::release(found, lease.token, now_ms))
-            .await
+        self.fenced(lease, FencedWrite::Release).await
     }
 
     async fn abandon(&self, lease: &HeldLease) -> Result<Fenced, StoreError> {
-        self.fenced(lease, |found, now_ms| machine::abandon(found, lease.token, now_ms))
-            .await
+        self.fenced(lease, FencedWrite::Abandon).await
     }
 
     async fn purge_expired(&self, limit: usize) -> Result<PurgeReport, StoreError> {

@@ -9,11 +9,11 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 use store_core::testkit::{TEST_LEASE_MS, claim_request, policy, response, unique_caller};
 use store_core::{ClaimOutcome, ClaimRequest, HeldLease, IdempotencyStore, RecordState, SavedResponse, StoreError};
+use store_postgres::deadpool_postgres::Transaction;
 use store_postgres::testkit::TestDatabase;
 use store_postgres::{
     CompleteWithError, Completion, EffectError, EffectFuture, PostgresStore, TRANSACTION_ATTEMPTS_MAX,
 };
-use tokio_postgres::Transaction;
 use tokio_postgres::error::SqlState;
 
 struct Fixture {

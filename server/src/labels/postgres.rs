@@ -24,10 +24,24 @@ const BACKEND: &str = "postgres";
 const LABEL_COLUMNS: &str = "label_id, order_id::text AS order_id, parcel_no, label_version, service, weight_g, \
      tracking_no, cost_cents, to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"') AS created_at";
 
-const INSERT_LABEL: &str = "INSERT INTO labels (label_id, caller_id, order_id, parcel_no, label_version, service, \
-     weight_g, tracking_no, cost_cents, created_at, created_by_key_sha256) \
-     VALUES ($1, $2, $3::text::numeric, $4, $5, $6, $7, $8, $9, $10::text::timestamptz, $11) \
-     ON CONFLICT (caller_id, order_id, parcel_no, label_version) DO NOTHING";
+/// Inserts the label unless the parcel has one, and returns the parcel's
+/// label either way, in one round trip. The second SELECT reads the
+/// statement's snapshot, so a label another transaction committed while the
+/// insert waited on it is not seen here: the caller reads it again.
+fn insert_or_select_label() -> String {
+    format!(
+        "WITH inserted AS (\
+             INSERT INTO labels (label_id, caller_id, order_id, parcel_no, label_version, service, weight_g, \
+                 tracking_no, cost_cents, created_at, created_by_key_sha256) \
+             VALUES ($1, $2, $3::text::numeric, $4, $5, $6, $7, $8, $9, $10::text::timestamptz, $11) \
+             ON CONFLICT (caller_id, order_id, parcel_no, label_version) DO NOTHING \
+             RETURNING {LABEL_COLUMNS}) \
+         SELECT * FROM inserted \
+         UNION ALL \
+         SELECT {LABEL_COLUMNS} FROM labels WHERE caller_id = $2 AND order_id = $3::text::numeric \
+             AND parcel_no = $4 AND label_version = $5 AND NOT EXISTS (SELECT 1 FROM inserted)"
+    )
+}
 
 fn select_by_parcel() -> String {
     format!(
@@ -62,7 +76,8 @@ impl PostgresLabels {
             .get()
             .await
             .map_err(|error| StoreError::unavailable("no postgresql connection", error))?;
-        let row = client.query_opt(sql, params).await.map_err(database_error)?;
+        let statement = client.prepare_cached(sql).await.map_err(database_error)?;
+        let row = client.query_opt(&statement, params).await.map_err(database_error)?;
         row.as_ref().map(label_from_row).transpose()
     }
 }
@@ -116,7 +131,7 @@ fn service_name(service: ShippingService) -> &'static str {
 
 /// Inserts the label unless the parcel has one, and returns the parcel's label.
 async fn insert_or_existing(
-    transaction: &tokio_postgres::Transaction<'_>,
+    transaction: &store_postgres::deadpool_postgres::Transaction<'_>,
     stored: &StoredLabel,
 ) -> Result<Label, EffectError> {
     let label = &stored.label;
@@ -124,9 +139,10 @@ async fn insert_or_existing(
     let (parcel_no, label_version) = (i64::from(label.parcel_no), i64::from(label.label_version));
     let weight_g = i32::try_from(label.weight_g).map_err(|error| EffectError::Handler(Box::new(error)))?;
     let cost_cents = i64::try_from(label.cost_cents).map_err(|error| EffectError::Handler(Box::new(error)))?;
-    transaction
-        .execute(
-            INSERT_LABEL,
+    let insert = transaction.prepare_cached(&insert_or_select_label()).await?;
+    let mut row = transaction
+        .query_opt(
+            &insert,
             &[
                 &label.label_id,
                 &stored.caller,
@@ -142,16 +158,19 @@ async fn insert_or_existing(
             ],
         )
         .await?;
-    let row = transaction
-        .query_opt(
-            &select_by_parcel(),
-            &[&stored.caller, &order_id, &parcel_no, &label_version],
-        )
-        .await?;
+    if row.is_none() {
+        // Another transaction committed this parcel's label while the insert
+        // waited on it; a new statement's snapshot sees it.
+        let select = transaction.prepare_cached(&select_by_parcel()).await?;
+        row = transaction
+            .query_opt(&select, &[&stored.caller, &order_id, &parcel_no, &label_version])
+            .await?;
+    }
     let Some(row) = row else {
-        // The insert conflicted on the label id alone: the carrier's id
-        // already names another parcel.
-        let detail = format!("label id {} already names another parcel", label.label_id);
+        let detail = format!(
+            "label {} for its parcel vanished within the transaction",
+            label.label_id
+        );
         return Err(EffectError::Handler(detail.into()));
     };
     label_from_row(&row).map_err(|error| EffectError::Handler(Box::new(error)))

@@ -1,0 +1,269 @@
+//! The common case of each transition as one autocommit statement: one round
+//! trip instead of four (BEGIN, a locked read, a write, COMMIT).
+//!
+//! Each statement covers the case that needs no decision beyond a guard a
+//! single row check can make:
+//!
+//! - a claim of a key that has no record and no tombstone inserts the first
+//!   run's record; a claim of a key whose record needs no write (replay,
+//!   mismatch, in progress, a re-sent claim) reads it;
+//! - a fenced write (checkpoint, complete, release, abandon) by the token
+//!   that still holds a live started record makes its write.
+//!
+//! Every statement returns what it read (the record as it was, and the
+//! database's clock, truncated to the millisecond the records keep), and the
+//! store runs `store_core::machine` on exactly that: the outcome reported is
+//! always the machine's. Where a statement's guard does not hold it writes
+//! nothing and answers "not decided", and the store takes the locked path of
+//! `store.rs`, where the machine decides under `SELECT ... FOR UPDATE` as
+//! before. The guards here are the machine's own (`held_by`: a live record,
+//! started, this token); `tests/differential.rs` runs these statements and
+//! the machine on the same random records and compares every outcome and
+//! every row written.
+
+use crate::error::Attempt;
+use crate::row::{Slot, record_columns, record_from_row, time_column, token_to_uuid};
+use deadpool_postgres::GenericClient;
+use store_core::machine::{self, Found, Step, Write};
+use store_core::{ClaimOutcome, ClaimRequest, Fenced, HeldLease, Policy, RecoveryPoint, SavedResponse, StoreError};
+use tokio_postgres::Row;
+use tokio_postgres::types::ToSql;
+
+/// The database's clock as the records keep it: whole milliseconds, so a
+/// comparison in SQL and the machine's comparison of the same values agree.
+macro_rules! clock {
+    () => {
+        "(SELECT date_trunc('milliseconds', now()) AS now) AS clock"
+    };
+}
+
+/// Inserts the first run's record when the key has neither a record nor a
+/// live tombstone; otherwise returns the record (if the statement's snapshot
+/// holds one) for the machine to judge. The main SELECT does not see the
+/// CTE's insert, so `found` is about a record that was there before.
+const CLAIM: &str = concat!(
+    "WITH clock AS (SELECT date_trunc('milliseconds', now()) AS now), \
+     tombstone AS (SELECT EXISTS (SELECT 1 FROM idempotency_tombstones, clock \
+         WHERE caller_id = $1 AND idem_key = $2 AND expires_at > clock.now) AS tombstoned), \
+     inserted AS (\
+         INSERT INTO idempotency_keys (caller_id, idem_key, request_hash, state, locked_until, lease_token, \
+             created_at, expires_at) \
+         SELECT $1, $2, $3, 'started', clock.now + $5::bigint * interval '1 millisecond', $4, clock.now, \
+             clock.now + $6::bigint * interval '1 millisecond' \
+           FROM clock, tombstone WHERE NOT tombstone.tombstoned \
+         ON CONFLICT (caller_id, idem_key) DO NOTHING RETURNING 1) \
+     SELECT clock.now AS now, EXISTS (SELECT 1 FROM inserted) AS inserted, \
+         keys.request_hash IS NOT NULL AS found, ",
+    record_columns!(),
+    " FROM clock CROSS JOIN tombstone \
+       LEFT JOIN idempotency_keys AS keys ON keys.caller_id = $1 AND keys.idem_key = $2"
+);
+
+/// The guard of every fenced statement: the record is live, started, and
+/// held by the token in `$3`. It is the machine's `held_by`; the lease's own
+/// expiry does not matter while nobody has taken the key over.
+macro_rules! held_by_token {
+    () => {
+        " WHERE keys.caller_id = $1 AND keys.idem_key = $2 AND keys.state = 'started' \
+          AND keys.lease_token = $3 AND keys.expires_at > clock.now"
+    };
+}
+
+/// An UPDATE that also returns the record as it was before: the row is
+/// locked by the subquery, so `previous` is the version the UPDATE replaces.
+macro_rules! fenced_update {
+    ($set:expr) => {
+        concat!(
+            "UPDATE idempotency_keys AS keys SET ",
+            $set,
+            " FROM ",
+            clock!(),
+            ", (SELECT ",
+            record_columns!(),
+            " FROM idempotency_keys WHERE caller_id = $1 AND idem_key = $2 FOR UPDATE) AS previous",
+            held_by_token!(),
+            " RETURNING previous.*, clock.now AS now"
+        )
+    };
+}
+
+const CHECKPOINT: &str = fenced_update!("recovery_point = $4");
+
+const COMPLETE: &str = fenced_update!(
+    "state = 'completed', locked_until = NULL, lease_token = NULL, recovery_point = NULL, \
+     response_status = $4, response_header_names = $5, response_header_values = $6, response_body = $7, \
+     completed_by = $3, expires_at = clock.now + $8::bigint * interval '1 millisecond'"
+);
+
+const RELEASE: &str = fenced_update!("locked_until = least(keys.locked_until, clock.now)");
+
+const ABANDON: &str = concat!(
+    "DELETE FROM idempotency_keys AS keys USING ",
+    clock!(),
+    held_by_token!(),
+    " RETURNING ",
+    record_columns!(),
+    ", clock.now AS now"
+);
+
+/// Milliseconds as a PostgreSQL bigint. Policy values are bounded far below
+/// `i64::MAX` (`store_core::RETENTION_MS_MAX`), so this never saturates.
+fn bigint_ms(ms: u64) -> i64 {
+    i64::try_from(ms).unwrap_or(i64::MAX)
+}
+
+/// A claim in one statement: the machine's outcome, or `None` when the
+/// machine has a write to make over an existing record (a takeover, a late
+/// key, an expired record) and the locked path must decide.
+pub(crate) async fn claim<C: GenericClient>(
+    client: &C,
+    slot: &Slot,
+    request: &ClaimRequest,
+    policy: &Policy,
+) -> Result<Option<ClaimOutcome>, Attempt<StoreError>> {
+    let statement = client.prepare_cached(CLAIM).await?;
+    let (token, lease_ms, retention_ms) = (
+        token_to_uuid(request.token),
+        bigint_ms(policy.lease_ms()),
+        bigint_ms(policy.retention_ms()),
+    );
+    let fingerprint = request.fingerprint.0.as_slice();
+    let params: [&(dyn ToSql + Sync); 6] = [
+        &slot.caller,
+        &slot.key_digest,
+        &fingerprint,
+        &token,
+        &lease_ms,
+        &retention_ms,
+    ];
+    let row = client.query_one(&statement, &params).await?;
+    let now_ms = time_column(&row, "now")?;
+    if boolean_column(&row, "inserted")? {
+        let step = machine::claim(Found::Nothing, request, now_ms, policy);
+        assert!(
+            matches!((&step.write, &step.outcome), (Write::Put(_), ClaimOutcome::Acquired(_))),
+            "the machine must acquire a key that has no record"
+        );
+        return Ok(Some(step.outcome));
+    }
+    if !boolean_column(&row, "found")? {
+        // A tombstone (a late key), or a record committed after this
+        // statement's snapshot: the locked path sees both.
+        return Ok(None);
+    }
+    let existing = record_from_row(&row)?;
+    let step = machine::claim(Found::Record(&existing), request, now_ms, policy);
+    Ok(matches!(step.write, Write::Nothing).then_some(step.outcome))
+}
+
+/// A fenced write: which transition, with what it saves.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum FencedWrite<'a> {
+    Checkpoint(&'a RecoveryPoint),
+    Complete(&'a SavedResponse),
+    Release,
+    Abandon,
+}
+
+impl FencedWrite<'_> {
+    /// The machine's step for this write: what both paths report.
+    pub(crate) fn step(&self, found: Found<'_>, lease: &HeldLease, now_ms: u64, policy: &Policy) -> Step<Fenced> {
+        match self {
+            FencedWrite::Checkpoint(point) => machine::checkpoint(found, lease.token, (*point).clone(), now_ms),
+            FencedWrite::Complete(response) => {
+                machine::complete(found, lease.token, (*response).clone(), now_ms, policy)
+            }
+            FencedWrite::Release => machine::release(found, lease.token, now_ms),
+            FencedWrite::Abandon => machine::abandon(found, lease.token, now_ms),
+        }
+    }
+}
+
+/// A fenced write in one statement: the machine's outcome when the token
+/// holds a live started record, or `None` (nothing written) for the locked
+/// path to decide: a lost lease, a completion already saved by this token,
+/// an abandon of a record that is gone.
+pub(crate) async fn fenced_write<C: GenericClient>(
+    client: &C,
+    slot: &Slot,
+    lease: &HeldLease,
+    write: FencedWrite<'_>,
+    policy: &Policy,
+) -> Result<Option<Fenced>, Attempt<StoreError>> {
+    let token = token_to_uuid(lease.token);
+    let step = |found: Found<'_>, now_ms: u64| write.step(found, lease, now_ms, policy);
+    match write {
+        FencedWrite::Checkpoint(point) => {
+            let point_bytes = point.as_bytes();
+            let params: [&(dyn ToSql + Sync); 4] = [&slot.caller, &slot.key_digest, &token, &point_bytes];
+            fenced(client, CHECKPOINT, &params, step).await
+        }
+        FencedWrite::Complete(response) => {
+            let status = i32::from(response.status());
+            let names: Vec<&str> = response.headers().iter().map(|(name, _)| name.as_str()).collect();
+            let values: Vec<&str> = response.headers().iter().map(|(_, value)| value.as_str()).collect();
+            let body = response.body();
+            let retention_ms = bigint_ms(policy.retention_ms());
+            let params: [&(dyn ToSql + Sync); 8] = [
+                &slot.caller,
+                &slot.key_digest,
+                &token,
+                &status,
+                &names,
+                &values,
+                &body,
+                &retention_ms,
+            ];
+            fenced(client, COMPLETE, &params, step).await
+        }
+        FencedWrite::Release => {
+            let params: [&(dyn ToSql + Sync); 3] = [&slot.caller, &slot.key_digest, &token];
+            fenced(client, RELEASE, &params, step).await
+        }
+        FencedWrite::Abandon => {
+            let params: [&(dyn ToSql + Sync); 3] = [&slot.caller, &slot.key_digest, &token];
+            fenced(client, ABANDON, &params, step).await
+        }
+    }
+}
+
+/// Runs one fenced statement. No row back means the guard did not hold and
+/// nothing was written; a row back is the record the write replaced, which
+/// the machine must agree was held by this token.
+async fn fenced<C, T>(
+    client: &C,
+    sql: &str,
+    params: &[&(dyn ToSql + Sync)],
+    transition: T,
+) -> Result<Option<Fenced>, Attempt<StoreError>>
+where
+    C: GenericClient,
+    T: Fn(Found<'_>, u64) -> Step<Fenced>,
+{
+    let statement = client.prepare_cached(sql).await?;
+    let Some(row) = client.query_opt(&statement, params).await? else {
+        return Ok(None);
+    };
+    let previous = record_from_row(&row)?;
+    let now_ms = time_column(&row, "now")?;
+    let step = transition(Found::Record(&previous), now_ms);
+    if step.outcome != Fenced::Applied(()) || step.write == Write::Nothing {
+        // The statement wrote (and committed) where the machine would not:
+        // the guard above and the machine have drifted apart. Loud, because
+        // it is a bug that the differential test exists to catch.
+        tracing::error!(
+            ?step,
+            "a one-statement transition wrote where the state machine refuses"
+        );
+        return Err(Attempt::Fail(StoreError::Refused {
+            detail: "a one-statement transition and the state machine disagree".to_owned(),
+            source: None,
+        }));
+    }
+    Ok(Some(step.outcome))
+}
+
+fn boolean_column(row: &Row, name: &str) -> Result<bool, StoreError> {
+    row.try_get(name)
+        .map_err(|error| StoreError::Corrupt(store_core::CodecError::Malformed(format!("column {name}: {error}"))))
+}
