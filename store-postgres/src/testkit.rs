@@ -67,10 +67,22 @@ fn io_error(action: impl Into<String>) -> impl FnOnce(std::io::Error) -> Harness
     move |source| HarnessError::Io { action, source }
 }
 
+/// Whether a server's commits reach the disk before they are acknowledged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServerDurability {
+    /// `fsync`, `synchronous_commit` and `full_page_writes` on, as a user
+    /// runs PostgreSQL: what benchmarks measure.
+    Durable,
+    /// All three off: fast, and acceptable only for a cluster that is thrown
+    /// away after the tests.
+    Throwaway,
+}
+
 /// A running throw-away cluster.
 #[derive(Debug)]
 pub struct PostgresServer {
     directory: TempDir,
+    durability: ServerDurability,
     bin_dir: PathBuf,
     /// `Some("postgres")` when server commands run as that OS user.
     os_user: Option<&'static str>,
@@ -102,9 +114,14 @@ impl TestDatabase {
 }
 
 impl PostgresServer {
-    /// Makes a cluster in a temporary directory and starts it; blocks until
-    /// it accepts connections.
+    /// Makes a throw-away cluster (no fsync) in a temporary directory and
+    /// starts it; blocks until it accepts connections.
     pub fn start() -> Result<Self, HarnessError> {
+        Self::start_with(ServerDurability::Throwaway)
+    }
+
+    /// As [`PostgresServer::start`], with the durability given.
+    pub fn start_with(durability: ServerDurability) -> Result<Self, HarnessError> {
         let bin_dir = find_bin_dir()?;
         let directory = tempfile::Builder::new()
             .prefix("idem-postgres-")
@@ -116,6 +133,7 @@ impl PostgresServer {
         }
         let mut server = Self {
             directory,
+            durability,
             bin_dir,
             os_user,
             port: 0,
@@ -229,12 +247,15 @@ impl PostgresServer {
     }
 
     /// `fsync=off` and friends trade durability for speed: acceptable for a
-    /// cluster that is thrown away after the tests, never elsewhere.
+    /// cluster that is thrown away after the tests, never for a benchmark.
     fn pg_ctl_start(&self) -> Command {
+        let durability = match self.durability {
+            ServerDurability::Durable => "-c fsync=on -c synchronous_commit=on -c full_page_writes=on",
+            ServerDurability::Throwaway => "-c fsync=off -c synchronous_commit=off -c full_page_writes=off",
+        };
         let options = format!(
             "-c port={} -c listen_addresses=127.0.0.1 -c unix_socket_directories='{}' \
-             -c max_connections={SERVER_CONNECTIONS_MAX} -c fsync=off -c synchronous_commit=off \
-             -c full_page_writes=off",
+             -c max_connections={SERVER_CONNECTIONS_MAX} {durability}",
             self.port,
             self.directory.path().display(),
         );

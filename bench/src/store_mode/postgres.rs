@@ -11,7 +11,7 @@ use crate::recorder::Outcome;
 use futures::future::BoxFuture;
 use std::sync::Arc;
 use store_core::{ClaimOutcome, IdempotencyStore, Policy};
-use store_postgres::testkit::PostgresServer;
+use store_postgres::testkit::{PostgresServer, ServerDurability};
 use store_postgres::{CompleteWithError, Completion, Migration, PostgresConfig, PostgresStore};
 
 /// Connections in the store's pool: enough for the saturation workers to
@@ -47,13 +47,13 @@ pub async fn database_for(args: &BackendArgs) -> Result<ServerAddress, TargetErr
             note: "given by --postgres-url".into(),
         });
     }
-    let server = tokio::task::block_in_place(PostgresServer::start)
+    let server = tokio::task::block_in_place(|| PostgresServer::start_with(ServerDurability::Durable))
         .map_err(|error| TargetError::unavailable("postgres", error))?;
     let database = server
         .create_database()
         .await
         .map_err(|error| TargetError::unavailable("postgres", error))?;
-    let note = "spawned by store-postgres's harness: fsync=off, synchronous_commit=off (not durable)".to_owned();
+    let note = "spawned by store-postgres's harness: fsync, synchronous_commit and full_page_writes on".to_owned();
     Ok(ServerAddress {
         url: database.url,
         guard: Some(Box::new(server)),
