@@ -113,6 +113,9 @@ pub struct ServerConfig {
     pub shutdown_grace_ms: u64,
     /// `Retry-After` on store outages, overload and timeouts.
     pub retry_after_s: u64,
+    /// Accept the development caller (whose token is public) on an address
+    /// other than loopback. Off: such a config is refused.
+    pub allow_demo_caller_on_public_address: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -283,6 +286,7 @@ impl Default for ServerConfig {
             in_flight_max: IN_FLIGHT_MAX_DEFAULT,
             shutdown_grace_ms: SHUTDOWN_GRACE_MS_DEFAULT,
             retry_after_s: RETRY_AFTER_S_DEFAULT,
+            allow_demo_caller_on_public_address: false,
         }
     }
 }
@@ -456,10 +460,13 @@ impl Config {
         })
     }
 
-    /// True when the development caller's token is accepted.
+    /// True when the development caller's token is accepted, however its
+    /// digest is written (the digests are compared as bytes).
     pub fn has_demo_caller(&self) -> bool {
-        let demo = token_sha256(DEMO_TOKEN);
-        self.callers.iter().any(|caller| caller.token_sha256 == demo)
+        let demo: [u8; 32] = Sha256::digest(DEMO_TOKEN.as_bytes()).into();
+        self.callers
+            .iter()
+            .any(|caller| token_digest(&caller.token_sha256) == Some(demo))
     }
 
     /// Checks every field; the first refusal names its field.
@@ -467,6 +474,7 @@ impl Config {
         self.listen_addr()?;
         self.validate_server()?;
         self.validate_callers()?;
+        self.validate_demo_caller_address()?;
         let policy = self.policy()?;
         self.validate_carrier(&policy)?;
         self.validate_simulator()?;
@@ -505,9 +513,7 @@ impl Config {
         for caller in &self.callers {
             CallerId::new(caller.id.as_str())
                 .map_err(|error| field_error("callers.id", format!("{:?}: {error}", caller.id)))?;
-            let digest_ok =
-                caller.token_sha256.len() == 64 && caller.token_sha256.bytes().all(|b| b.is_ascii_hexdigit());
-            if !digest_ok {
+            let Some(digest) = token_digest(&caller.token_sha256) else {
                 return Err(field_error(
                     "callers.token_sha256",
                     format!(
@@ -515,15 +521,33 @@ impl Config {
                         caller.id
                     ),
                 ));
-            }
+            };
             if !ids.insert(caller.id.as_str()) {
                 return Err(field_error("callers.id", format!("{:?} appears twice", caller.id)));
             }
-            if !digests.insert(caller.token_sha256.to_ascii_lowercase()) {
+            if !digests.insert(digest) {
                 return Err(field_error("callers.token_sha256", "two callers share one token"));
             }
         }
         Ok(())
+    }
+
+    /// The development caller's token is public: on an address other than
+    /// loopback it lets anyone in, so it takes an explicit flag there.
+    fn validate_demo_caller_address(&self) -> Result<(), ConfigError> {
+        let listen = self.listen_addr()?;
+        if !self.has_demo_caller() || listen.ip().is_loopback() || self.server.allow_demo_caller_on_public_address {
+            return Ok(());
+        }
+        Err(field_error(
+            "server.allow_demo_caller_on_public_address",
+            format!(
+                "server.listen = {:?} is not a loopback address, and the development caller {DEMO_CALLER_ID:?} \
+                 with the public token {DEMO_TOKEN:?} is accepted: anyone could call the API. Configure \
+                 [[callers]] with your own token digests, or set this flag to true to run anyway",
+                self.server.listen
+            ),
+        ))
     }
 
     fn validate_carrier(&self, policy: &Policy) -> Result<(), ConfigError> {
@@ -617,6 +641,16 @@ impl Config {
             _ => Ok(()),
         }
     }
+}
+
+/// The 32 bytes of a hex SHA-256 digest, in either case; `None` when it is
+/// not 64 hex characters. Digests are compared as these bytes, never as
+/// strings, so the case a digest is written in changes nothing.
+pub fn token_digest(hex_digest: &str) -> Option<[u8; 32]> {
+    if hex_digest.len() != 64 {
+        return None;
+    }
+    hex::decode(hex_digest).ok()?.try_into().ok()
 }
 
 fn check_range(field: &'static str, value: u64, min: u64, max: u64) -> Result<(), ConfigError> {

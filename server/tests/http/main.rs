@@ -11,6 +11,7 @@ mod limits;
 mod observability;
 mod openapi;
 mod process;
+mod public_address;
 mod routing;
 
 /// One `#[tokio::test]` per case per backend.
