@@ -9,6 +9,7 @@ use crate::auth::{Callers, require_caller};
 use crate::backend::{self, BackendError, Backends};
 use crate::carrier::{CarrierClient, CarrierServer};
 use crate::config::{BODY_BYTES_MAX, Config, ConfigError, DEMO_CALLER_ID, DEMO_TOKEN, StoreKind};
+use crate::connections::{ConnectionLimits, serve_connections};
 use crate::idempotency::{Idempotency, IdempotencyLayer};
 use crate::labels::LabelStore;
 use crate::labels::handlers::{create_label, get_label};
@@ -192,10 +193,9 @@ impl App {
             signal.cancel();
         });
         let grace = Duration::from_millis(self.config.server.shutdown_grace_ms);
-        let graceful = draining.clone().cancelled_owned();
-        let server = axum::serve(listener, self.router()).with_graceful_shutdown(graceful);
+        let server = serve_connections(listener, self.router(), self.connection_limits(), draining.clone());
         tokio::select! {
-            served = server => served?,
+            () = server => {}
             () = async { draining.cancelled().await; tokio::time::sleep(grace).await } => {
                 tracing::warn!("shutdown grace period over with requests still in flight");
             }
@@ -212,6 +212,13 @@ impl App {
         self.backends.flush().map_err(StartupError::Flush)?;
         tracing::info!("stopped");
         Ok(())
+    }
+
+    fn connection_limits(&self) -> ConnectionLimits {
+        ConnectionLimits {
+            header_read_timeout: Duration::from_millis(self.config.server.header_read_timeout_ms),
+            connections_max: self.config.server.connections_max,
+        }
     }
 
     /// Serves in a background task; for tests and embedding.

@@ -39,6 +39,17 @@ pub const REQUEST_TIMEOUT_MS_MAX: u64 = 10 * 60 * 1000;
 pub const IN_FLIGHT_MAX_DEFAULT: usize = 1_024;
 /// Largest in-flight cap accepted.
 pub const IN_FLIGHT_MAX_LIMIT: usize = 100_000;
+/// Default time a client has to send a whole request head; also the
+/// longest a keep-alive connection may sit idle between requests.
+pub const HEADER_READ_TIMEOUT_MS_DEFAULT: u64 = 10_000;
+/// Longest header-read timeout accepted.
+pub const HEADER_READ_TIMEOUT_MS_MAX: u64 = 10 * 60 * 1000;
+/// Default cap on open client connections; at the cap the server stops
+/// accepting until one closes. Keep the process's file descriptor limit
+/// (`ulimit -n`) above it.
+pub const CONNECTIONS_MAX_DEFAULT: usize = 4_096;
+/// Largest connection cap accepted.
+pub const CONNECTIONS_MAX_LIMIT: usize = 1_000_000;
 /// Default time shutdown waits for requests and their work to finish.
 pub const SHUTDOWN_GRACE_MS_DEFAULT: u64 = 30_000;
 /// `Retry-After` for store outages and overload, in seconds.
@@ -113,6 +124,11 @@ pub struct ServerConfig {
     pub shutdown_grace_ms: u64,
     /// `Retry-After` on store outages, overload and timeouts.
     pub retry_after_s: u64,
+    /// Time a client has to send a whole request head, and the longest a
+    /// keep-alive connection may sit idle; past it the connection is closed.
+    pub header_read_timeout_ms: u64,
+    /// The most client connections open at once.
+    pub connections_max: usize,
     /// Accept the development caller (whose token is public) on an address
     /// other than loopback. Off: such a config is refused.
     pub allow_demo_caller_on_public_address: bool,
@@ -286,6 +302,8 @@ impl Default for ServerConfig {
             in_flight_max: IN_FLIGHT_MAX_DEFAULT,
             shutdown_grace_ms: SHUTDOWN_GRACE_MS_DEFAULT,
             retry_after_s: RETRY_AFTER_S_DEFAULT,
+            header_read_timeout_ms: HEADER_READ_TIMEOUT_MS_DEFAULT,
+            connections_max: CONNECTIONS_MAX_DEFAULT,
             allow_demo_caller_on_public_address: false,
         }
     }
@@ -501,6 +519,18 @@ impl Config {
             server.shutdown_grace_ms,
             0,
             REQUEST_TIMEOUT_MS_MAX,
+        )?;
+        check_range(
+            "server.header_read_timeout_ms",
+            server.header_read_timeout_ms,
+            1,
+            HEADER_READ_TIMEOUT_MS_MAX,
+        )?;
+        check_range(
+            "server.connections_max",
+            server.connections_max as u64,
+            1,
+            CONNECTIONS_MAX_LIMIT as u64,
         )?;
         check_range("server.retry_after_s", server.retry_after_s, 1, RETRY_AFTER_S_MAX)
     }

@@ -9,6 +9,7 @@
 //! - [`labels`]: the label route and where labels live, per backend.
 //! - [`carrier`]: the carrier client and simulator.
 //! - [`config`]: the TOML config with environment overrides.
+//! - [`connections`]: serving connections (header-read timeout, connection cap, draining).
 //! - [`backend`]: opens the stores `store.kind` names.
 //! - [`error`]: the one API error type (RFC 9457 problem details).
 //! - [`observe`], [`limits`], [`auth`], [`media_type`], [`sweeper`], [`metrics`], [`openapi`], [`probes`].
@@ -19,6 +20,7 @@ pub mod auth;
 pub mod backend;
 pub mod carrier;
 pub mod config;
+pub mod connections;
 pub mod error;
 pub mod failpoints;
 pub mod idempotency;

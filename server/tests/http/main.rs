@@ -13,6 +13,7 @@ mod openapi;
 mod process;
 mod public_address;
 mod routing;
+mod slow_clients;
 
 /// One `#[tokio::test]` per case per backend.
 macro_rules! backend_suite {
