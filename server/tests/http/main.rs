@@ -12,6 +12,7 @@ mod observability;
 mod openapi;
 mod process;
 mod public_address;
+mod redis_out_of_memory;
 mod routing;
 mod slow_clients;
 
