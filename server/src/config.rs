@@ -13,6 +13,7 @@
 //! Unknown fields, in the file or the environment, are refused: a typo must
 //! not silently fall back to a default. Every refusal names the field.
 
+use crate::redact::redact_secrets;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use std::collections::HashSet;
@@ -138,7 +139,7 @@ pub struct ServerConfig {
 #[serde(deny_unknown_fields)]
 pub struct CallerConfig {
     pub id: String,
-    /// Hex SHA-256 of the caller's bearer token (`server hash-token TOKEN`).
+    /// Hex SHA-256 of the caller's bearer token (`server hash-token < token-file`).
     pub token_sha256: String,
 }
 
@@ -196,7 +197,8 @@ pub struct EmbeddedStoreConfig {
     pub durability: DurabilityConfig,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+/// `Debug` by hand: the URLs may carry passwords ([`redact_secrets`]).
+#[derive(Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RedisStoreConfig {
     pub urls: Vec<String>,
@@ -207,7 +209,8 @@ pub struct RedisStoreConfig {
     pub accept_eviction: bool,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+/// `Debug` by hand: the URLs may carry passwords ([`redact_secrets`]).
+#[derive(Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct PostgresStoreConfig {
     pub url: String,
@@ -225,7 +228,8 @@ pub struct FoundationDbStoreConfig {
     pub key_prefix: String,
 }
 
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+/// `Debug` by hand: the URL may carry a password ([`redact_secrets`]).
+#[derive(Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct CarrierConfig {
     /// Base URL of the carrier (`http://127.0.0.1:9090`). Empty: start the
@@ -278,6 +282,46 @@ pub struct LogConfig {
     pub format: LogFormat,
     /// A tracing filter (`info`, `server=debug,info`); RUST_LOG wins when set.
     pub level: String,
+}
+
+impl std::fmt::Debug for RedisStoreConfig {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let urls: Vec<String> = self.urls.iter().map(|url| redact_secrets(url)).collect();
+        formatter
+            .debug_struct("RedisStoreConfig")
+            .field("urls", &urls)
+            .field("cluster", &self.cluster)
+            .field("key_prefix", &self.key_prefix)
+            .field("response_timeout_ms", &self.response_timeout_ms)
+            .field("connection_timeout_ms", &self.connection_timeout_ms)
+            .field("accept_eviction", &self.accept_eviction)
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for PostgresStoreConfig {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter
+            .debug_struct("PostgresStoreConfig")
+            .field("url", &redact_secrets(&self.url))
+            .field("pool_size", &self.pool_size)
+            .field("connect_timeout_ms", &self.connect_timeout_ms)
+            .field("statement_timeout_ms", &self.statement_timeout_ms)
+            .field("operation_timeout_ms", &self.operation_timeout_ms)
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for CarrierConfig {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter
+            .debug_struct("CarrierConfig")
+            .field("url", &redact_secrets(&self.url))
+            .field("timeout_ms", &self.timeout_ms)
+            .field("retry_after_s", &self.retry_after_s)
+            .field("simulator", &self.simulator)
+            .finish()
+    }
 }
 
 impl Default for Config {
@@ -449,7 +493,7 @@ impl Config {
         }
         let config: Config = toml::Value::Table(table)
             .try_into()
-            .map_err(|error: toml::de::Error| ConfigError::Shape(error.message().to_owned()))?;
+            .map_err(|error: toml::de::Error| ConfigError::Shape(redact_secrets(error.message())))?;
         config.validate()?;
         Ok(config)
     }
@@ -547,7 +591,7 @@ impl Config {
                 return Err(field_error(
                     "callers.token_sha256",
                     format!(
-                        "caller {:?}: must be 64 hex characters (server hash-token TOKEN)",
+                        "caller {:?}: must be 64 hex characters (server hash-token < token-file)",
                         caller.id
                     ),
                 ));
@@ -698,8 +742,21 @@ fn read_table(path: &Path) -> Result<toml::Table, ConfigError> {
     })?;
     text.parse::<toml::Table>().map_err(|error| ConfigError::Syntax {
         path: path.display().to_string(),
-        message: error.to_string(),
+        message: syntax_error_message(&text, &error),
     })
+}
+
+/// Where the file is not TOML and why, without the offending line: toml's
+/// own message quotes that line, and the line may hold a password.
+fn syntax_error_message(text: &str, error: &toml::de::Error) -> String {
+    let reason = redact_secrets(error.message().trim());
+    let Some(span) = error.span() else {
+        return reason;
+    };
+    let before = &text[..span.start.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let column = before.rsplit('\n').next().unwrap_or("").chars().count() + 1;
+    format!("line {line}, column {column}: {reason}")
 }
 
 /// Applies one `IDEM__A__B=value` variable to the table; other variables

@@ -12,6 +12,7 @@
 //! - [`connections`]: serving connections (header-read timeout, connection cap, draining).
 //! - [`backend`]: opens the stores `store.kind` names.
 //! - [`error`]: the one API error type (RFC 9457 problem details).
+//! - [`redact`]: hides passwords in URLs in errors and `Debug` forms.
 //! - [`observe`], [`limits`], [`auth`], [`media_type`], [`sweeper`], [`metrics`], [`openapi`], [`probes`].
 //! - [`failpoints`]: crash points in the label create path (feature `failpoints`, tests only).
 
@@ -33,6 +34,7 @@ pub mod metrics;
 pub mod observe;
 pub mod openapi;
 pub mod probes;
+pub mod redact;
 pub mod sweeper;
 pub mod time;
 

@@ -12,6 +12,7 @@
 use crate::auth::Caller;
 use crate::error::{LoggedError, Outcome};
 use crate::metrics::{HTTP_REQUEST_DURATION_SECONDS, HTTP_REQUESTS_IN_FLIGHT, HTTP_REQUESTS_TOTAL};
+use crate::redact::redact_secrets;
 use axum::extract::{MatchedPath, Request};
 use axum::http::{Method, StatusCode};
 use axum::middleware::Next;
@@ -122,7 +123,7 @@ pub async fn observe(request: Request, next: Next) -> Response {
     let (route, method) = (&in_flight.route, in_flight.method);
     match response.extensions().get::<LoggedError>() {
         Some(LoggedError(detail)) => tracing::error!(%method, %route, status = status.as_u16(), outcome,
-            caller = caller.as_deref().unwrap_or("-"), latency_ms, error = %detail, "request"),
+            caller = caller.as_deref().unwrap_or("-"), latency_ms, error = %redact_secrets(detail), "request"),
         None => tracing::info!(%method, %route, status = status.as_u16(), outcome,
             caller = caller.as_deref().unwrap_or("-"), latency_ms, "request"),
     }

@@ -14,6 +14,7 @@ mod process;
 mod public_address;
 mod redis_out_of_memory;
 mod routing;
+mod secrets;
 mod slow_clients;
 
 /// One `#[tokio::test]` per case per backend.
