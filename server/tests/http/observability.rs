@@ -290,3 +290,66 @@ async fn made_up_methods_and_paths_add_no_metric_series() {
     );
     server.shutdown().await;
 }
+
+/// Whether the exposition has a sample of `series`: a metric name, or a
+/// name with a label selector as written (`name{a="b"`), or a histogram's
+/// buckets (`name_bucket`).
+fn has_series(exposition: &str, series: &str) -> bool {
+    exposition
+        .lines()
+        .filter(|line| !line.starts_with('#'))
+        .filter_map(|line| line.strip_prefix(series))
+        .any(|rest| series.contains('{') || rest.starts_with([' ', '{']))
+}
+
+/// `increase(x[15m]) > 0` cannot see the first event of a series that did
+/// not exist before it (there is no earlier sample to increase from), so
+/// every counter and histogram is exported at zero from the start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_counter_and_histogram_is_exported_at_zero_right_after_start() {
+    let server = TestServer::start(Backend::Embedded).await;
+    let text = server.metrics_text().await;
+    let at_zero = [
+        "idem_late_keys_total",
+        "idem_lease_takeovers_total",
+        "idem_lease_lost_completions_total",
+        "idem_completion_failures_total",
+        "idem_labels_existing_total",
+        "idem_records_purged_total",
+        "idem_tombstones_purged_total",
+        "idem_sweeper_runs_total{result=\"error\"}",
+        "idem_carrier_calls_total{outcome=\"timeout\"}",
+        "idem_carrier_calls_total{outcome=\"server_error\"}",
+        "idem_http_requests_total{route=\"/v1/labels\",method=\"POST\",status=\"503\",outcome=\"unavailable\"}",
+        "idem_http_requests_total{route=\"/v1/labels\",method=\"POST\",status=\"500\",outcome=\"internal_error\"}",
+    ];
+    for series in at_zero {
+        assert!(has_series(&text, series), "{series} missing right after start:\n{text}");
+        assert_eq!(
+            metric_value(&text, series.split('{').next().unwrap(), &series_labels(series)),
+            0.0,
+            "{series}"
+        );
+    }
+    let histograms = [
+        "idem_sweeper_run_duration_seconds_bucket",
+        "idem_carrier_call_duration_seconds_bucket{outcome=\"purchased\"",
+        "idem_store_operation_duration_seconds_bucket{backend=\"embedded\",operation=\"claim\",result=\"error\"",
+        "idem_http_request_duration_seconds_bucket{route=\"/v1/labels\",method=\"POST\"",
+    ];
+    for histogram in histograms {
+        assert!(
+            has_series(&text, histogram),
+            "{histogram} missing right after start:\n{text}"
+        );
+    }
+    server.shutdown().await;
+}
+
+/// The `a="b"` parts of a series written as `name{a="b",c="d"}`.
+fn series_labels(series: &str) -> Vec<&str> {
+    series
+        .split_once('{')
+        .map(|(_, labels)| labels.trim_end_matches('}').split(',').collect())
+        .unwrap_or_default()
+}
