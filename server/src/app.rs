@@ -204,6 +204,7 @@ impl App {
         listener: TcpListener,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), StartupError> {
+        self.config.check_demo_caller_address(listener.local_addr()?)?;
         let stop = CancellationToken::new();
         let sweeper = sweeper::spawn(self.backends.records.clone(), self.config.sweeper, stop.child_token());
         let draining = CancellationToken::new();

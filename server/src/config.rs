@@ -606,20 +606,25 @@ impl Config {
         Ok(())
     }
 
-    /// The development caller's token is public: on an address other than
-    /// loopback it lets anyone in, so it takes an explicit flag there.
     fn validate_demo_caller_address(&self) -> Result<(), ConfigError> {
-        let listen = self.listen_addr()?;
-        if !self.has_demo_caller() || listen.ip().is_loopback() || self.server.allow_demo_caller_on_public_address {
+        self.check_demo_caller_address(self.listen_addr()?)
+    }
+
+    /// The development caller's token is public: on an address other than
+    /// loopback it lets anyone in, so serving it on `address` takes an
+    /// explicit flag. Checked on `server.listen` with the config, and again
+    /// on the address of the listener the app is given (embedding code may
+    /// bind its own).
+    pub fn check_demo_caller_address(&self, address: SocketAddr) -> Result<(), ConfigError> {
+        if !self.has_demo_caller() || address.ip().is_loopback() || self.server.allow_demo_caller_on_public_address {
             return Ok(());
         }
         Err(field_error(
             "server.allow_demo_caller_on_public_address",
             format!(
-                "server.listen = {:?} is not a loopback address, and the development caller {DEMO_CALLER_ID:?} \
+                "{address} is not a loopback address, and the development caller {DEMO_CALLER_ID:?} \
                  with the public token {DEMO_TOKEN:?} is accepted: anyone could call the API. Configure \
-                 [[callers]] with your own token digests, or set this flag to true to run anyway",
-                self.server.listen
+                 [[callers]] with your own token digests, or set this flag to true to run anyway"
             ),
         ))
     }

@@ -70,3 +70,19 @@ fn loopback_and_real_callers_need_no_flag() {
     let config = load(&[("IDEM__SERVER__LISTEN", "0.0.0.0:8080"), ("IDEM__CALLERS", &own)]).expect("own callers");
     assert!(!config.has_demo_caller());
 }
+
+/// The same check on an address as such: what `App::serve` applies to the
+/// listener it is given, which embedding code may have bound itself.
+#[test]
+fn the_check_applies_to_any_address_the_app_is_given() {
+    let config = load(&[("IDEM__SERVER__LISTEN", "127.0.0.1:0")]).expect("loopback config");
+    assert_refused_naming_the_flag(
+        config
+            .check_demo_caller_address("0.0.0.0:8080".parse().unwrap())
+            .map(|()| config.clone()),
+        "a listener on 0.0.0.0",
+    );
+    config
+        .check_demo_caller_address("127.0.0.1:8080".parse().unwrap())
+        .expect("loopback");
+}
