@@ -3,7 +3,7 @@
 //! ```text
 //! server [--config FILE]                           serve the Label service
 //! server carrier --listen 127.0.0.1:9090           serve the carrier simulator
-//! server hash-token < token.txt                   print a token's SHA-256 for [[callers]]
+//! server hash-token < token.txt                    print a token's SHA-256 for [[callers]]
 //! server hash-token --token-file token.txt         the same, from a file
 //! ```
 
