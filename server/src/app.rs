@@ -9,12 +9,13 @@ use crate::auth::{Callers, require_caller};
 use crate::backend::{self, BackendError, Backends};
 use crate::carrier::{CarrierClient, CarrierServer};
 use crate::config::{BODY_BYTES_MAX, Config, ConfigError, DEMO_CALLER_ID, DEMO_TOKEN, StoreKind};
+use crate::connections::{ConnectionLimits, serve_connections};
 use crate::idempotency::{Idempotency, IdempotencyLayer};
 use crate::labels::LabelStore;
 use crate::labels::handlers::{create_label, get_label};
 use crate::limits::{Limits, request_timeout, shed_overload};
 use crate::media_type::require_json;
-use crate::metrics::prometheus_handle;
+use crate::metrics::{prometheus_handle, register_at_zero};
 use crate::observe::observe;
 use crate::probes::{healthz, method_not_allowed, metrics, not_found, openapi_json, readyz};
 use crate::sweeper;
@@ -46,6 +47,25 @@ pub struct AppState {
     pub embedded: Option<EmbeddedEngine>,
 }
 
+/// The label route: `POST` creates a label under an idempotency key.
+pub const LABELS_ROUTE: &str = "/v1/labels";
+/// One label: `GET`.
+pub const LABEL_ROUTE: &str = "/v1/labels/{label_id}";
+pub const HEALTHZ_ROUTE: &str = "/healthz";
+pub const READYZ_ROUTE: &str = "/readyz";
+pub const METRICS_ROUTE: &str = "/metrics";
+pub const OPENAPI_ROUTE: &str = "/openapi.json";
+/// Every route the router serves with its method: the `route` and `method`
+/// label pairs of the request metrics, registered at zero at startup.
+pub const ROUTES: [(&str, &str); 6] = [
+    (LABELS_ROUTE, "POST"),
+    (LABEL_ROUTE, "GET"),
+    (HEALTHZ_ROUTE, "GET"),
+    (READYZ_ROUTE, "GET"),
+    (METRICS_ROUTE, "GET"),
+    (OPENAPI_ROUTE, "GET"),
+];
+
 /// The whole HTTP API. The `/v1` routes sit behind the cap on requests in
 /// flight, the request budget and authentication;
 /// `POST /v1/labels` also refuses bodies not declared JSON, then wears the
@@ -54,10 +74,10 @@ pub fn router(state: AppState, callers: Callers, limits: Limits) -> Router {
     let idempotent = IdempotencyLayer::new(state.idempotency.clone(), BODY_BYTES_MAX);
     let api = Router::new()
         .route(
-            "/v1/labels",
+            LABELS_ROUTE,
             post(create_label.layer(idempotent).layer(from_fn(require_json))),
         )
-        .route("/v1/labels/{label_id}", get(get_label))
+        .route(LABEL_ROUTE, get(get_label))
         // Before the layers: it must reach the routes' own method routers.
         .method_not_allowed_fallback(method_not_allowed)
         .layer(from_fn_with_state(callers, require_caller))
@@ -65,10 +85,10 @@ pub fn router(state: AppState, callers: Callers, limits: Limits) -> Router {
         .layer(from_fn_with_state(limits, shed_overload));
     Router::new()
         .merge(api)
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
-        .route("/openapi.json", get(openapi_json))
+        .route(HEALTHZ_ROUTE, get(healthz))
+        .route(READYZ_ROUTE, get(readyz))
+        .route(METRICS_ROUTE, get(metrics))
+        .route(OPENAPI_ROUTE, get(openapi_json))
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(not_found)
         .layer(from_fn(observe))
@@ -113,6 +133,7 @@ impl App {
         let metrics = prometheus_handle().map_err(StartupError::Metrics)?;
         let callers = Callers::from_config(&config.callers).map_err(StartupError::Callers)?;
         let backends = backend::open(&config).await?;
+        register_at_zero(backends.records.backend_name());
         let (carrier_url, carrier_server) = start_carrier(&config).await?;
         let carrier = CarrierClient::new(&carrier_url, Duration::from_millis(config.carrier.timeout_ms))
             .map_err(StartupError::Carrier)?;
@@ -183,6 +204,7 @@ impl App {
         listener: TcpListener,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), StartupError> {
+        self.config.check_demo_caller_address(listener.local_addr()?)?;
         let stop = CancellationToken::new();
         let sweeper = sweeper::spawn(self.backends.records.clone(), self.config.sweeper, stop.child_token());
         let draining = CancellationToken::new();
@@ -192,10 +214,9 @@ impl App {
             signal.cancel();
         });
         let grace = Duration::from_millis(self.config.server.shutdown_grace_ms);
-        let graceful = draining.clone().cancelled_owned();
-        let server = axum::serve(listener, self.router()).with_graceful_shutdown(graceful);
+        let server = serve_connections(listener, self.router(), self.connection_limits(), draining.clone());
         tokio::select! {
-            served = server => served?,
+            () = server => {}
             () = async { draining.cancelled().await; tokio::time::sleep(grace).await } => {
                 tracing::warn!("shutdown grace period over with requests still in flight");
             }
@@ -212,6 +233,13 @@ impl App {
         self.backends.flush().map_err(StartupError::Flush)?;
         tracing::info!("stopped");
         Ok(())
+    }
+
+    fn connection_limits(&self) -> ConnectionLimits {
+        ConnectionLimits {
+            header_read_timeout: Duration::from_millis(self.config.server.header_read_timeout_ms),
+            connections_max: self.config.server.connections_max,
+        }
     }
 
     /// Serves in a background task; for tests and embedding.

@@ -5,7 +5,7 @@
 //! without stopping at the first match), so neither the comparison nor the
 //! position of a caller in the list shows in the response time.
 
-use crate::config::CallerConfig;
+use crate::config::{CallerConfig, token_digest};
 use crate::error::ApiError;
 use axum::extract::{FromRequestParts, Request, State};
 use axum::http::request::Parts;
@@ -37,9 +37,7 @@ impl Callers {
         let mut entries = Vec::with_capacity(callers.len());
         for caller in callers {
             let id = CallerId::new(caller.id.as_str()).map_err(|error| format!("caller {:?}: {error}", caller.id))?;
-            let digest: [u8; 32] = hex::decode(&caller.token_sha256)
-                .ok()
-                .and_then(|bytes| bytes.try_into().ok())
+            let digest = token_digest(&caller.token_sha256)
                 .ok_or_else(|| format!("caller {:?}: token_sha256 is not 32 bytes of hex", caller.id))?;
             entries.push((id, digest));
         }

@@ -13,6 +13,7 @@
 //! Unknown fields, in the file or the environment, are refused: a typo must
 //! not silently fall back to a default. Every refusal names the field.
 
+use crate::redact::redact_secrets;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use std::collections::HashSet;
@@ -39,6 +40,17 @@ pub const REQUEST_TIMEOUT_MS_MAX: u64 = 10 * 60 * 1000;
 pub const IN_FLIGHT_MAX_DEFAULT: usize = 1_024;
 /// Largest in-flight cap accepted.
 pub const IN_FLIGHT_MAX_LIMIT: usize = 100_000;
+/// Default time a client has to send a whole request head; also the
+/// longest a keep-alive connection may sit idle between requests.
+pub const HEADER_READ_TIMEOUT_MS_DEFAULT: u64 = 10_000;
+/// Longest header-read timeout accepted.
+pub const HEADER_READ_TIMEOUT_MS_MAX: u64 = 10 * 60 * 1000;
+/// Default cap on open client connections; at the cap the server stops
+/// accepting until one closes. Keep the process's file descriptor limit
+/// (`ulimit -n`) above it.
+pub const CONNECTIONS_MAX_DEFAULT: usize = 4_096;
+/// Largest connection cap accepted.
+pub const CONNECTIONS_MAX_LIMIT: usize = 1_000_000;
 /// Default time shutdown waits for requests and their work to finish.
 pub const SHUTDOWN_GRACE_MS_DEFAULT: u64 = 30_000;
 /// `Retry-After` for store outages and overload, in seconds.
@@ -113,13 +125,21 @@ pub struct ServerConfig {
     pub shutdown_grace_ms: u64,
     /// `Retry-After` on store outages, overload and timeouts.
     pub retry_after_s: u64,
+    /// Time a client has to send a whole request head, and the longest a
+    /// keep-alive connection may sit idle; past it the connection is closed.
+    pub header_read_timeout_ms: u64,
+    /// The most client connections open at once.
+    pub connections_max: usize,
+    /// Accept the development caller (whose token is public) on an address
+    /// other than loopback. Off: such a config is refused.
+    pub allow_demo_caller_on_public_address: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CallerConfig {
     pub id: String,
-    /// Hex SHA-256 of the caller's bearer token (`server hash-token TOKEN`).
+    /// Hex SHA-256 of the caller's bearer token (`server hash-token < token-file`).
     pub token_sha256: String,
 }
 
@@ -177,7 +197,8 @@ pub struct EmbeddedStoreConfig {
     pub durability: DurabilityConfig,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+/// `Debug` by hand: the URLs may carry passwords ([`redact_secrets`]).
+#[derive(Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RedisStoreConfig {
     pub urls: Vec<String>,
@@ -188,7 +209,8 @@ pub struct RedisStoreConfig {
     pub accept_eviction: bool,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+/// `Debug` by hand: the URLs may carry passwords ([`redact_secrets`]).
+#[derive(Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct PostgresStoreConfig {
     pub url: String,
@@ -206,7 +228,8 @@ pub struct FoundationDbStoreConfig {
     pub key_prefix: String,
 }
 
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+/// `Debug` by hand: the URL may carry a password ([`redact_secrets`]).
+#[derive(Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct CarrierConfig {
     /// Base URL of the carrier (`http://127.0.0.1:9090`). Empty: start the
@@ -261,6 +284,46 @@ pub struct LogConfig {
     pub level: String,
 }
 
+impl std::fmt::Debug for RedisStoreConfig {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let urls: Vec<String> = self.urls.iter().map(|url| redact_secrets(url)).collect();
+        formatter
+            .debug_struct("RedisStoreConfig")
+            .field("urls", &urls)
+            .field("cluster", &self.cluster)
+            .field("key_prefix", &self.key_prefix)
+            .field("response_timeout_ms", &self.response_timeout_ms)
+            .field("connection_timeout_ms", &self.connection_timeout_ms)
+            .field("accept_eviction", &self.accept_eviction)
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for PostgresStoreConfig {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter
+            .debug_struct("PostgresStoreConfig")
+            .field("url", &redact_secrets(&self.url))
+            .field("pool_size", &self.pool_size)
+            .field("connect_timeout_ms", &self.connect_timeout_ms)
+            .field("statement_timeout_ms", &self.statement_timeout_ms)
+            .field("operation_timeout_ms", &self.operation_timeout_ms)
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for CarrierConfig {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter
+            .debug_struct("CarrierConfig")
+            .field("url", &redact_secrets(&self.url))
+            .field("timeout_ms", &self.timeout_ms)
+            .field("retry_after_s", &self.retry_after_s)
+            .field("simulator", &self.simulator)
+            .finish()
+    }
+}
+
 impl Default for Config {
     fn default() -> Self {
         Self {
@@ -283,6 +346,9 @@ impl Default for ServerConfig {
             in_flight_max: IN_FLIGHT_MAX_DEFAULT,
             shutdown_grace_ms: SHUTDOWN_GRACE_MS_DEFAULT,
             retry_after_s: RETRY_AFTER_S_DEFAULT,
+            header_read_timeout_ms: HEADER_READ_TIMEOUT_MS_DEFAULT,
+            connections_max: CONNECTIONS_MAX_DEFAULT,
+            allow_demo_caller_on_public_address: false,
         }
     }
 }
@@ -427,7 +493,7 @@ impl Config {
         }
         let config: Config = toml::Value::Table(table)
             .try_into()
-            .map_err(|error: toml::de::Error| ConfigError::Shape(error.message().to_owned()))?;
+            .map_err(|error: toml::de::Error| ConfigError::Shape(redact_secrets(error.message())))?;
         config.validate()?;
         Ok(config)
     }
@@ -456,10 +522,13 @@ impl Config {
         })
     }
 
-    /// True when the development caller's token is accepted.
+    /// True when the development caller's token is accepted, however its
+    /// digest is written (the digests are compared as bytes).
     pub fn has_demo_caller(&self) -> bool {
-        let demo = token_sha256(DEMO_TOKEN);
-        self.callers.iter().any(|caller| caller.token_sha256 == demo)
+        let demo: [u8; 32] = Sha256::digest(DEMO_TOKEN.as_bytes()).into();
+        self.callers
+            .iter()
+            .any(|caller| token_digest(&caller.token_sha256) == Some(demo))
     }
 
     /// Checks every field; the first refusal names its field.
@@ -467,6 +536,7 @@ impl Config {
         self.listen_addr()?;
         self.validate_server()?;
         self.validate_callers()?;
+        self.validate_demo_caller_address()?;
         let policy = self.policy()?;
         self.validate_carrier(&policy)?;
         self.validate_simulator()?;
@@ -494,6 +564,18 @@ impl Config {
             0,
             REQUEST_TIMEOUT_MS_MAX,
         )?;
+        check_range(
+            "server.header_read_timeout_ms",
+            server.header_read_timeout_ms,
+            1,
+            HEADER_READ_TIMEOUT_MS_MAX,
+        )?;
+        check_range(
+            "server.connections_max",
+            server.connections_max as u64,
+            1,
+            CONNECTIONS_MAX_LIMIT as u64,
+        )?;
         check_range("server.retry_after_s", server.retry_after_s, 1, RETRY_AFTER_S_MAX)
     }
 
@@ -505,25 +587,46 @@ impl Config {
         for caller in &self.callers {
             CallerId::new(caller.id.as_str())
                 .map_err(|error| field_error("callers.id", format!("{:?}: {error}", caller.id)))?;
-            let digest_ok =
-                caller.token_sha256.len() == 64 && caller.token_sha256.bytes().all(|b| b.is_ascii_hexdigit());
-            if !digest_ok {
+            let Some(digest) = token_digest(&caller.token_sha256) else {
                 return Err(field_error(
                     "callers.token_sha256",
                     format!(
-                        "caller {:?}: must be 64 hex characters (server hash-token TOKEN)",
+                        "caller {:?}: must be 64 hex characters (server hash-token < token-file)",
                         caller.id
                     ),
                 ));
-            }
+            };
             if !ids.insert(caller.id.as_str()) {
                 return Err(field_error("callers.id", format!("{:?} appears twice", caller.id)));
             }
-            if !digests.insert(caller.token_sha256.to_ascii_lowercase()) {
+            if !digests.insert(digest) {
                 return Err(field_error("callers.token_sha256", "two callers share one token"));
             }
         }
         Ok(())
+    }
+
+    fn validate_demo_caller_address(&self) -> Result<(), ConfigError> {
+        self.check_demo_caller_address(self.listen_addr()?)
+    }
+
+    /// The development caller's token is public: on an address other than
+    /// loopback it lets anyone in, so serving it on `address` takes an
+    /// explicit flag. Checked on `server.listen` with the config, and again
+    /// on the address of the listener the app is given (embedding code may
+    /// bind its own).
+    pub fn check_demo_caller_address(&self, address: SocketAddr) -> Result<(), ConfigError> {
+        if !self.has_demo_caller() || address.ip().is_loopback() || self.server.allow_demo_caller_on_public_address {
+            return Ok(());
+        }
+        Err(field_error(
+            "server.allow_demo_caller_on_public_address",
+            format!(
+                "{address} is not a loopback address, and the development caller {DEMO_CALLER_ID:?} \
+                 with the public token {DEMO_TOKEN:?} is accepted: anyone could call the API. Configure \
+                 [[callers]] with your own token digests, or set this flag to true to run anyway"
+            ),
+        ))
     }
 
     fn validate_carrier(&self, policy: &Policy) -> Result<(), ConfigError> {
@@ -619,6 +722,16 @@ impl Config {
     }
 }
 
+/// The 32 bytes of a hex SHA-256 digest, in either case; `None` when it is
+/// not 64 hex characters. Digests are compared as these bytes, never as
+/// strings, so the case a digest is written in changes nothing.
+pub fn token_digest(hex_digest: &str) -> Option<[u8; 32]> {
+    if hex_digest.len() != 64 {
+        return None;
+    }
+    hex::decode(hex_digest).ok()?.try_into().ok()
+}
+
 fn check_range(field: &'static str, value: u64, min: u64, max: u64) -> Result<(), ConfigError> {
     if (min..=max).contains(&value) {
         Ok(())
@@ -634,8 +747,21 @@ fn read_table(path: &Path) -> Result<toml::Table, ConfigError> {
     })?;
     text.parse::<toml::Table>().map_err(|error| ConfigError::Syntax {
         path: path.display().to_string(),
-        message: error.to_string(),
+        message: syntax_error_message(&text, &error),
     })
+}
+
+/// Where the file is not TOML and why, without the offending line: toml's
+/// own message quotes that line, and the line may hold a password.
+fn syntax_error_message(text: &str, error: &toml::de::Error) -> String {
+    let reason = redact_secrets(error.message().trim());
+    let Some(span) = error.span() else {
+        return reason;
+    };
+    let before = &text[..span.start.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let column = before.rsplit('\n').next().unwrap_or("").chars().count() + 1;
+    format!("line {line}, column {column}: {reason}")
 }
 
 /// Applies one `IDEM__A__B=value` variable to the table; other variables

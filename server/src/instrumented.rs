@@ -19,7 +19,11 @@ pub async fn timed<T, E>(
 ) -> Result<T, E> {
     let started = Instant::now();
     let result = call.await;
-    let outcome = if result.is_ok() { "ok" } else { "error" };
+    let outcome = if result.is_ok() {
+        STORE_RESULTS[0]
+    } else {
+        STORE_RESULTS[1]
+    };
     metrics::histogram!(
         STORE_OPERATION_DURATION_SECONDS,
         "backend" => backend,
@@ -29,6 +33,20 @@ pub async fn timed<T, E>(
     .record(started.elapsed().as_secs_f64());
     result
 }
+
+/// The `operation` label of every record-store call timed below.
+pub const RECORD_OPERATIONS: [&str; 8] = [
+    "claim",
+    "checkpoint",
+    "complete",
+    "release",
+    "abandon",
+    "purge_expired",
+    "inspect",
+    "ping",
+];
+/// The `result` label of a timed store call.
+pub const STORE_RESULTS: [&str; 2] = ["ok", "error"];
 
 /// Any store, timed.
 pub struct InstrumentedStore {

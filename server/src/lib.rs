@@ -9,8 +9,10 @@
 //! - [`labels`]: the label route and where labels live, per backend.
 //! - [`carrier`]: the carrier client and simulator.
 //! - [`config`]: the TOML config with environment overrides.
+//! - [`connections`]: serving connections (header-read timeout, connection cap, draining).
 //! - [`backend`]: opens the stores `store.kind` names.
 //! - [`error`]: the one API error type (RFC 9457 problem details).
+//! - [`redact`]: hides passwords in URLs in errors and `Debug` forms.
 //! - [`observe`], [`limits`], [`auth`], [`media_type`], [`sweeper`], [`metrics`], [`openapi`], [`probes`].
 //! - [`failpoints`]: crash points in the label create path (feature `failpoints`, tests only).
 
@@ -19,6 +21,7 @@ pub mod auth;
 pub mod backend;
 pub mod carrier;
 pub mod config;
+pub mod connections;
 pub mod error;
 pub mod failpoints;
 pub mod idempotency;
@@ -31,6 +34,7 @@ pub mod metrics;
 pub mod observe;
 pub mod openapi;
 pub mod probes;
+pub mod redact;
 pub mod sweeper;
 pub mod time;
 

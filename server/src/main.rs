@@ -3,14 +3,18 @@
 //! ```text
 //! server [--config FILE]                           serve the Label service
 //! server carrier --listen 127.0.0.1:9090           serve the carrier simulator
-//! server hash-token TOKEN                          print a token's SHA-256 for [[callers]]
+//! server hash-token < token.txt                    print a token's SHA-256 for [[callers]]
+//! server hash-token --token-file token.txt         the same, from a file
 //! ```
 
 use clap::{Parser, Subcommand};
+use server::auth::AUTHORIZATION_BYTES_MAX;
 use server::carrier::CarrierServer;
 use server::config::{Config, LogConfig, LogFormat, token_sha256};
+use server::redact::redact_secrets;
 use server::{App, StartupError};
-use std::path::PathBuf;
+use std::io::Read;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use tracing_subscriber::EnvFilter;
 
@@ -39,22 +43,37 @@ enum Command {
         #[arg(long, default_value = "127.0.0.1:9090")]
         listen: String,
     },
-    /// Print the SHA-256 of a bearer token, for callers.token_sha256.
-    HashToken { token: String },
+    /// Print the SHA-256 of a bearer token, for callers.token_sha256. The
+    /// token is read from stdin (one line) or --token-file, never from the
+    /// command line, where ps and the shell history would keep it.
+    HashToken {
+        /// Read the token from this file instead of stdin.
+        #[arg(long)]
+        token_file: Option<PathBuf>,
+        /// Refused: only here to say so without echoing the token.
+        #[arg(hide = true, num_args = 0.., allow_hyphen_values = true)]
+        token_on_command_line: Vec<String>,
+    },
 }
+
+/// Exit code of a refused invocation (bad config, bad input), as for a refused config.
+const REFUSED_EXIT_CODE: u8 = 2;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let command = cli.command.unwrap_or(Command::Serve);
-    if let Command::HashToken { token } = &command {
-        println!("{}", token_sha256(token));
-        return ExitCode::SUCCESS;
+    if let Command::HashToken {
+        token_file,
+        token_on_command_line,
+    } = &command
+    {
+        return hash_token(token_file.as_deref(), token_on_command_line);
     }
     let config = match Config::from_process(cli.config.as_deref()) {
         Ok(config) => config,
         Err(error) => {
-            eprintln!("server: refusing to start: {error}");
-            return ExitCode::from(2);
+            eprintln!("server: refusing to start: {}", redact_secrets(&error.to_string()));
+            return ExitCode::from(REFUSED_EXIT_CODE);
         }
     };
     init_tracing(&config.log);
@@ -74,11 +93,66 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
+            // Store errors may quote a URL; its password never reaches the output.
+            let error = redact_secrets(&error.to_string());
             tracing::error!(%error, "server: refusing to start");
             eprintln!("server: {error}");
             ExitCode::FAILURE
         }
     }
+}
+
+/// `server hash-token`: prints the digest of the token on stdin or in
+/// `token_file`; refuses a token on the command line without echoing it.
+fn hash_token(token_file: Option<&Path>, token_on_command_line: &[String]) -> ExitCode {
+    if !token_on_command_line.is_empty() {
+        eprintln!(
+            "server hash-token: refusing a token on the command line (ps and the shell history keep it); \
+             nothing was hashed. Pipe it on stdin (server hash-token < token.txt) or pass --token-file PATH"
+        );
+        return ExitCode::from(REFUSED_EXIT_CODE);
+    }
+    match read_token(token_file) {
+        Ok(token) => {
+            println!("{}", token_sha256(&token));
+            ExitCode::SUCCESS
+        }
+        Err(reason) => {
+            eprintln!("server hash-token: {reason}");
+            ExitCode::from(REFUSED_EXIT_CODE)
+        }
+    }
+}
+
+/// The token: one line from `token_file` or stdin, its line ending removed.
+/// A token longer than the server would read in an `Authorization` header,
+/// an empty one, or more than one line is refused.
+fn read_token(token_file: Option<&Path>) -> Result<String, String> {
+    let mut input = Vec::new();
+    let limit = AUTHORIZATION_BYTES_MAX as u64 + 1;
+    let read = match token_file {
+        Some(path) => std::fs::File::open(path)
+            .and_then(|file| file.take(limit).read_to_end(&mut input))
+            .map_err(|error| format!("cannot read {}: {error}", path.display())),
+        None => std::io::stdin()
+            .take(limit)
+            .read_to_end(&mut input)
+            .map_err(|error| format!("cannot read stdin: {error}")),
+    };
+    read?;
+    if input.len() as u64 >= limit {
+        return Err(format!("the token is longer than {AUTHORIZATION_BYTES_MAX} bytes"));
+    }
+    let text = String::from_utf8(input).map_err(|_| "the token is not UTF-8".to_owned())?;
+    let token = text.strip_suffix('\n').unwrap_or(&text);
+    let token = token.strip_suffix('\r').unwrap_or(token);
+    if token.is_empty() {
+        return Err("the token is empty (stdin or --token-file)".to_owned());
+    }
+    if token.contains(['\n', '\r']) {
+        return Err("the token must be one line".to_owned());
+    }
+    Ok(token.to_owned())
 }
 
 fn init_tracing(log: &LogConfig) {

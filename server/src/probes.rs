@@ -49,7 +49,8 @@ pub async fn readyz(State(state): State<AppState>) -> Response {
         })
         .into_response(),
         Err(error) => {
-            tracing::warn!(%error, "readiness probe: store unreachable");
+            let detail = crate::redact::redact_secrets(&error.to_string());
+            tracing::warn!(error = %detail, "readiness probe: store unreachable");
             let mut response = state.idempotency.store_error(&error).into_response();
             response.extensions_mut().insert(Outcome("unavailable"));
             response

@@ -40,7 +40,7 @@ pub enum StoreError {
     #[error("stored record is unreadable: {0}")]
     Corrupt(#[from] CodecError),
     /// The store answered with an error that retrying will not fix
-    /// (misconfiguration, out of memory under `noeviction`, a script error).
+    /// (misconfiguration, a script error).
     #[error("store refused the operation: {detail}")]
     Refused {
         detail: String,

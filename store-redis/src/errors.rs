@@ -2,12 +2,13 @@
 //!
 //! Retryable ([`StoreError::Unavailable`]): the connection failed or timed
 //! out, or the server said "not now" (loading, a busy script, a cluster
-//! reconfiguring, a failover in progress). A timed-out script may still have
-//! run; that is safe because every script is idempotent for the same lease
-//! token, so the caller may send the same call again.
+//! reconfiguring, a failover in progress, or out of memory under
+//! `noeviction`: nothing was written, and memory frees up as records
+//! expire or an operator raises `maxmemory`). A timed-out script may still
+//! have run; that is safe because every script is idempotent for the same
+//! lease token, so the caller may send the same call again.
 //!
-//! Permanent: out of memory under `noeviction` and any other server or script
-//! error are [`StoreError::Refused`]; a key holding something other than one
+//! Permanent: any other server or script error is [`StoreError::Refused`]; a key holding something other than one
 //! of this store's records is [`StoreError::Corrupt`]. Scripts fail before
 //! their first write, so none of these leaves a half-applied transition.
 
@@ -28,7 +29,7 @@ pub fn store_error(operation: &str, error: RedisError) -> StoreError {
         Some(CORRUPT_RECORD_CODE) | Some("WRONGTYPE") => {
             StoreError::Corrupt(CodecError::Malformed(format!("redis {operation}: {error}")))
         }
-        Some("OOM") => StoreError::refused(
+        Some("OOM") => StoreError::unavailable(
             format!("redis {operation}: out of memory; nothing was written (maxmemory-policy noeviction)"),
             error,
         ),
@@ -85,12 +86,16 @@ mod tests {
     }
 
     #[test]
-    fn out_of_memory_and_script_errors_are_refused() {
+    fn out_of_memory_is_retryable() {
         let oom = store_error(
             "claim",
             server_error("OOM command not allowed when used memory > 'maxmemory'."),
         );
-        assert!(matches!(oom, StoreError::Refused { .. }) && !oom.is_retryable());
+        assert!(matches!(oom, StoreError::Unavailable { .. }) && oom.is_retryable());
+    }
+
+    #[test]
+    fn script_errors_are_refused() {
         let script = store_error(
             "claim",
             server_error("ERR user_script:1: Script attempted to access a key"),

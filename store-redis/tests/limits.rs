@@ -71,10 +71,10 @@ async fn out_of_memory_under_noeviction_refuses_writes_up_front_and_writes_nothi
     let fresh = claim_request(&caller, "fresh", "body");
     let refused = store.claim(&fresh).await;
     assert!(
-        matches!(&refused, Err(StoreError::Refused { detail, .. }) if detail.contains("out of memory")),
+        matches!(&refused, Err(StoreError::Unavailable { detail, .. }) if detail.contains("out of memory")),
         "{refused:?}"
     );
-    assert!(!refused.unwrap_err().is_retryable());
+    assert!(refused.unwrap_err().is_retryable(), "memory frees up: retry later");
     let fresh_keys = store.keys(&caller, &fresh.key);
     assert_eq!(
         server
@@ -85,11 +85,14 @@ async fn out_of_memory_under_noeviction_refuses_writes_up_front_and_writes_nothi
     // A completion is refused whole: the record is still started, unchanged.
     assert!(matches!(
         store.complete(&held.lease, response(2)).await,
-        Err(StoreError::Refused { .. })
+        Err(StoreError::Unavailable { .. })
     ));
     assert_eq!(store.inspect(&caller, &started.key).await.unwrap(), before);
     // The claim script may write, so even a claim that would only replay is refused.
-    assert!(matches!(store.claim(&completed).await, Err(StoreError::Refused { .. })));
+    assert!(matches!(
+        store.claim(&completed).await,
+        Err(StoreError::Unavailable { .. })
+    ));
 
     server.query::<()>(&["CONFIG", "SET", "maxmemory", "0"]).unwrap();
     assert!(is_first_run(&store.claim(&fresh).await.unwrap()));

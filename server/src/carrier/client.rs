@@ -37,6 +37,18 @@ impl CarrierOutcome {
     }
 }
 
+/// Every `outcome` label [`CarrierOutcome::metric_label`] gives.
+pub const CARRIER_OUTCOME_LABELS: [&str; 8] = [
+    "purchased",
+    "replayed",
+    "rejected",
+    "malformed",
+    "in_progress",
+    "server_error",
+    "timeout",
+    "connection_error",
+];
+
 pub struct CarrierClient {
     http: reqwest::Client,
     labels_url: String,
@@ -61,6 +73,10 @@ impl CarrierClient {
         let started = Instant::now();
         let outcome = self.send(carrier_key, request).await;
         let label = outcome.metric_label();
+        debug_assert!(
+            CARRIER_OUTCOME_LABELS.contains(&label),
+            "{label} is not in CARRIER_OUTCOME_LABELS"
+        );
         metrics::counter!(CARRIER_CALLS_TOTAL, "outcome" => label).increment(1);
         metrics::histogram!(CARRIER_CALL_DURATION_SECONDS, "outcome" => label).record(started.elapsed().as_secs_f64());
         outcome

@@ -11,7 +11,11 @@ mod limits;
 mod observability;
 mod openapi;
 mod process;
+mod public_address;
+mod redis_out_of_memory;
 mod routing;
+mod secrets;
+mod slow_clients;
 
 /// One `#[tokio::test]` per case per backend.
 macro_rules! backend_suite {

@@ -223,3 +223,133 @@ async fn the_sweeper_purges_and_late_keys_are_counted_without_a_second_purchase(
     assert_eq!(purchases_for(&server.carrier_stats().await, order), 1);
     server.shutdown().await;
 }
+
+/// Made-up methods per run of the series test.
+const MADE_UP_METHODS_COUNT: usize = 1_000;
+
+/// The request metrics' series (name and labels) that concern requests no
+/// route serves: the ones a stranger can create.
+fn http_series(exposition: &str) -> std::collections::BTreeSet<String> {
+    exposition
+        .lines()
+        .filter(|line| line.starts_with("idem_http_"))
+        .filter_map(|line| line.rsplit_once(' ').map(|(series, _value)| series.to_owned()))
+        .collect()
+}
+
+/// Every `method` label value in the exposition.
+fn method_labels(exposition: &str) -> std::collections::BTreeSet<String> {
+    exposition
+        .split("method=\"")
+        .skip(1)
+        .filter_map(|rest| rest.split_once('"').map(|(value, _)| value.to_owned()))
+        .collect()
+}
+
+/// The metrics middleware runs before authentication, so anyone can send
+/// requests: every label must come from a fixed set, or each made-up method
+/// (or path) is a new series in Prometheus, without bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn made_up_methods_and_paths_add_no_metric_series() {
+    let server = TestServer::start(Backend::Embedded).await;
+    let http = crate::common::client();
+    let send = |method: String, path: &str| {
+        let method = reqwest::Method::from_bytes(method.as_bytes()).expect("a valid method token");
+        http.request(method, format!("{}{path}", server.base)).send()
+    };
+    // One of each kind first, so the series a made-up request may use exist.
+    for path in ["/nothing-here", "/v1/labels"] {
+        send("WARMUP".to_owned(), path).await.expect("answered");
+    }
+    server.metrics_text().await;
+    let before = server.metrics_text().await;
+    for n in 0..MADE_UP_METHODS_COUNT {
+        let path = if n % 2 == 0 {
+            format!("/x{n}")
+        } else {
+            "/v1/labels".to_owned()
+        };
+        let answer = send(format!("FOO{n}"), &path).await.expect("answered");
+        assert!(answer.status().is_client_error(), "FOO{n} {path}: {}", answer.status());
+    }
+    let after = server.metrics_text().await;
+    let added: Vec<_> = http_series(&after).difference(&http_series(&before)).cloned().collect();
+    assert!(
+        added.iter().all(|series| series.contains("route=\"/metrics\"")),
+        "{} new series, e.g. {:?}",
+        added.len(),
+        added.iter().take(3).collect::<Vec<_>>()
+    );
+    let allowed = [
+        "GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH", "_OTHER",
+    ];
+    let methods = method_labels(&after);
+    assert!(
+        methods.iter().all(|method| allowed.contains(&method.as_str())),
+        "method labels outside the fixed set: {methods:?}"
+    );
+    server.shutdown().await;
+}
+
+/// Whether the exposition has a sample of `series`: a metric name, or a
+/// name with a label selector as written (`name{a="b"`), or a histogram's
+/// buckets (`name_bucket`).
+fn has_series(exposition: &str, series: &str) -> bool {
+    exposition
+        .lines()
+        .filter(|line| !line.starts_with('#'))
+        .filter_map(|line| line.strip_prefix(series))
+        .any(|rest| series.contains('{') || rest.starts_with([' ', '{']))
+}
+
+/// `increase(x[15m]) > 0` cannot see the first event of a series that did
+/// not exist before it (there is no earlier sample to increase from), so
+/// every counter and histogram is exported at zero from the start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_counter_and_histogram_is_exported_at_zero_right_after_start() {
+    let server = TestServer::start(Backend::Embedded).await;
+    let text = server.metrics_text().await;
+    let at_zero = [
+        "idem_late_keys_total",
+        "idem_lease_takeovers_total",
+        "idem_lease_lost_completions_total",
+        "idem_completion_failures_total",
+        "idem_labels_existing_total",
+        "idem_records_purged_total",
+        "idem_tombstones_purged_total",
+        "idem_sweeper_runs_total{result=\"error\"}",
+        "idem_carrier_calls_total{outcome=\"timeout\"}",
+        "idem_carrier_calls_total{outcome=\"server_error\"}",
+        "idem_http_requests_total{route=\"/v1/labels\",method=\"POST\",status=\"503\",outcome=\"unavailable\"}",
+        "idem_http_requests_total{route=\"/v1/labels\",method=\"POST\",status=\"500\",outcome=\"internal_error\"}",
+    ];
+    for series in at_zero {
+        assert!(has_series(&text, series), "{series} missing right after start:\n{text}");
+        assert_eq!(
+            metric_value(&text, series.split('{').next().unwrap(), &series_labels(series)),
+            0.0,
+            "{series}"
+        );
+    }
+    let histograms = [
+        "idem_sweeper_run_duration_seconds_bucket",
+        "idem_carrier_call_duration_seconds_bucket{outcome=\"purchased\"",
+        "idem_store_operation_duration_seconds_bucket{backend=\"embedded\",operation=\"claim\",result=\"error\"",
+        "idem_http_request_duration_seconds_bucket{route=\"/v1/labels\",method=\"POST\"",
+    ];
+    for histogram in histograms {
+        assert!(
+            has_series(&text, histogram),
+            "{histogram} missing right after start:\n{text}"
+        );
+    }
+    server.shutdown().await;
+}
+
+/// The `a="b"` parts of a series written as `name{a="b",c="d"}`.
+fn series_labels(series: &str) -> Vec<&str> {
+    series
+        .split_once('{')
+        .map(|(_, labels)| labels.trim_end_matches('}').split(',').collect())
+        .unwrap_or_default()
+}
