@@ -5,6 +5,7 @@
 //! it on `127.0.0.1:0`; [`App::build`] opens everything a config names, and
 //! [`App::serve`] / [`App::start`] run it.
 
+use crate::admission::admit;
 use crate::auth::{Callers, require_caller};
 use crate::backend::{self, BackendError, Backends};
 use crate::carrier::{CarrierClient, CarrierServer};
@@ -80,6 +81,7 @@ pub fn router(state: AppState, callers: Callers, limits: Limits) -> Router {
         .route(LABEL_ROUTE, get(get_label))
         // Before the layers: it must reach the routes' own method routers.
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(from_fn_with_state(limits.admission(), admit))
         .layer(from_fn_with_state(callers, require_caller))
         .layer(from_fn_with_state(limits.clone(), request_timeout))
         .layer(from_fn_with_state(limits, shed_overload));
@@ -151,6 +153,7 @@ impl App {
             config.server.in_flight_max,
             Duration::from_millis(config.server.request_timeout_ms),
             config.server.retry_after_s,
+            &config.server.admission,
         );
         let app = Self {
             config,

@@ -13,6 +13,7 @@
 //! Unknown fields, in the file or the environment, are refused: a typo must
 //! not silently fall back to a default. Every refusal names the field.
 
+use crate::admission::{ADMISSION_MS_MAX, ADMISSION_QUEUE_MAX_LIMIT, ADMISSION_WORKERS_MAX, AdmissionConfig};
 use crate::redact::redact_secrets;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
@@ -133,6 +134,8 @@ pub struct ServerConfig {
     /// Accept the development caller (whose token is public) on an address
     /// other than loopback. Off: such a config is refused.
     pub allow_demo_caller_on_public_address: bool,
+    /// Workers and the CoDel-bounded queue in front of them (`admission.rs`).
+    pub admission: AdmissionConfig,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -349,6 +352,7 @@ impl Default for ServerConfig {
             header_read_timeout_ms: HEADER_READ_TIMEOUT_MS_DEFAULT,
             connections_max: CONNECTIONS_MAX_DEFAULT,
             allow_demo_caller_on_public_address: false,
+            admission: AdmissionConfig::default(),
         }
     }
 }
@@ -544,7 +548,34 @@ impl Config {
         self.validate_store()
     }
 
+    fn validate_admission(&self) -> Result<(), ConfigError> {
+        let admission = &self.server.admission;
+        let workers = admission.workers as u64;
+        check_range("server.admission.workers", workers, 1, ADMISSION_WORKERS_MAX as u64)?;
+        let queue_max = admission.queue_max as u64;
+        check_range(
+            "server.admission.queue_max",
+            queue_max,
+            0,
+            ADMISSION_QUEUE_MAX_LIMIT as u64,
+        )?;
+        check_range(
+            "server.admission.interval_ms",
+            admission.interval_ms,
+            1,
+            ADMISSION_MS_MAX,
+        )?;
+        // CoDel's target is the short wait: never longer than the interval.
+        check_range(
+            "server.admission.target_ms",
+            admission.target_ms,
+            1,
+            admission.interval_ms,
+        )
+    }
+
     fn validate_server(&self) -> Result<(), ConfigError> {
+        self.validate_admission()?;
         let server = &self.server;
         check_range(
             "server.request_timeout_ms",

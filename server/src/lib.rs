@@ -16,6 +16,7 @@
 //! - [`observe`], [`limits`], [`auth`], [`media_type`], [`sweeper`], [`metrics`], [`openapi`], [`probes`].
 //! - [`failpoints`]: crash points in the label create path (feature `failpoints`, tests only).
 
+pub mod admission;
 pub mod app;
 pub mod auth;
 pub mod backend;

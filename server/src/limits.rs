@@ -2,6 +2,7 @@
 //! request leaves running after its client hung up (beyond it, an immediate
 //! 503 `overloaded` instead of a queue), and a per-request budget.
 
+use crate::admission::{Admission, AdmissionConfig, Worker};
 use crate::error::ApiError;
 use axum::extract::{Request, State};
 use axum::middleware::Next;
@@ -15,15 +16,27 @@ pub struct Limits {
     in_flight: Arc<Semaphore>,
     request_timeout: Duration,
     retry_after_s: u64,
+    admission: Admission,
 }
 
 impl Limits {
-    pub fn new(in_flight_max: usize, request_timeout: Duration, retry_after_s: u64) -> Self {
+    pub fn new(
+        in_flight_max: usize,
+        request_timeout: Duration,
+        retry_after_s: u64,
+        admission: &AdmissionConfig,
+    ) -> Self {
         Self {
             in_flight: Arc::new(Semaphore::new(in_flight_max)),
             request_timeout,
             retry_after_s,
+            admission: Admission::new(admission),
         }
+    }
+
+    /// The admission controller behind the cap (see `admission.rs`).
+    pub fn admission(&self) -> (Admission, u64) {
+        (self.admission.clone(), self.retry_after_s)
     }
 
     /// Places under the cap not taken right now.
@@ -38,7 +51,27 @@ impl Limits {
 /// so abandoned work cannot pile up beyond the cap.
 #[derive(Clone)]
 pub struct InFlightSlot {
-    _permit: Arc<OwnedSemaphorePermit>,
+    _permit: Option<Arc<OwnedSemaphorePermit>>,
+    /// The admission worker, once admitted.
+    _worker: Option<Arc<Worker>>,
+}
+
+impl InFlightSlot {
+    /// This slot with an admission worker joined to it.
+    pub fn with_worker(self, worker: Worker) -> Self {
+        Self {
+            _worker: Some(Arc::new(worker)),
+            ..self
+        }
+    }
+
+    /// A slot holding only a worker (a router without the in-flight cap).
+    pub fn for_worker(worker: Worker) -> Self {
+        Self {
+            _permit: None,
+            _worker: Some(Arc::new(worker)),
+        }
+    }
 }
 
 /// Sheds load: a request that finds every slot taken is refused at once.
@@ -50,7 +83,8 @@ pub async fn shed_overload(State(limits): State<Limits>, mut request: Request, n
         .into_response();
     };
     let slot = InFlightSlot {
-        _permit: Arc::new(permit),
+        _permit: Some(Arc::new(permit)),
+        _worker: None,
     };
     request.extensions_mut().insert(slot.clone());
     // Held here too: a handler may drop the request (and its extensions)
@@ -92,7 +126,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_handler_that_drops_its_request_still_holds_its_slot_while_it_runs() {
-        let limits = Limits::new(1, Duration::from_secs(5), 1);
+        let limits = Limits::new(1, Duration::from_secs(5), 1, &AdmissionConfig::default());
         let router = Router::new()
             .route("/slow", get(slow_without_extractors))
             .layer(from_fn_with_state(limits.clone(), shed_overload));

@@ -14,6 +14,11 @@ pub const HTTP_REQUESTS_TOTAL: &str = "idem_http_requests_total";
 pub const HTTP_REQUEST_DURATION_SECONDS: &str = "idem_http_request_duration_seconds";
 /// Requests being served right now.
 pub const HTTP_REQUESTS_IN_FLIGHT: &str = "idem_http_requests_in_flight";
+/// Requests refused by admission control, by `reason` (`queue_delay`,
+/// `queue_full`, `caller_share`).
+pub const ADMISSION_SHED_TOTAL: &str = "idem_admission_shed_total";
+/// Requests waiting for an admission worker right now.
+pub const ADMISSION_QUEUE_WAITING: &str = "idem_admission_queue_waiting";
 /// Store calls, by `backend`, `operation` and `result` (`ok` or `error`).
 pub const STORE_OPERATION_DURATION_SECONDS: &str = "idem_store_operation_duration_seconds";
 /// Claims that took over an expired or released lease.
@@ -79,6 +84,11 @@ fn describe() {
         "Time to answer a request."
     );
     describe_gauge!(HTTP_REQUESTS_IN_FLIGHT, "Requests being served.");
+    describe_counter!(
+        ADMISSION_SHED_TOTAL,
+        "Requests refused by admission control before any work, by reason."
+    );
+    describe_gauge!(ADMISSION_QUEUE_WAITING, "Requests waiting for an admission worker.");
     describe_histogram!(
         STORE_OPERATION_DURATION_SECONDS,
         Unit::Seconds,
@@ -154,6 +164,10 @@ pub fn register_at_zero(records_backend: &'static str) {
     for result in SWEEPER_RESULTS {
         metrics::counter!(SWEEPER_RUNS_TOTAL, "result" => result).increment(0);
     }
+    for reason in crate::admission::SHED_REASONS {
+        metrics::counter!(ADMISSION_SHED_TOTAL, "reason" => reason.label()).increment(0);
+    }
+    metrics::gauge!(ADMISSION_QUEUE_WAITING).set(0.0);
     registered(metrics::histogram!(SWEEPER_RUN_DURATION_SECONDS));
     for outcome in crate::carrier::client::CARRIER_OUTCOME_LABELS {
         metrics::counter!(CARRIER_CALLS_TOTAL, "outcome" => outcome).increment(0);

@@ -27,6 +27,30 @@ pub const CARRIER_LATENCY_MS_MAX_DEFAULT: u64 = 2;
 /// The development caller's token (the server's default config).
 pub const TOKEN_DEFAULT: &str = "demo-token";
 
+/// How the Fulfilment client retries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ClientProfile {
+    /// As mature SDKs retry: waits at least the server's `Retry-After`,
+    /// full jitter, and a retry quota shared by the whole client (the AWS
+    /// SDKs' standard retry mode), so an overloaded server sees fewer
+    /// retries, not more.
+    Polite,
+    /// Retries every retryable answer after its jittered backoff alone,
+    /// ignoring `Retry-After`, with no quota: a retry storm, for load
+    /// testers who want to see one.
+    Aggressive,
+}
+
+impl std::fmt::Display for ClientProfile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ClientProfile::Polite => "polite",
+            ClientProfile::Aggressive => "aggressive",
+        })
+    }
+}
+
 /// How the client names each attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -43,6 +67,9 @@ pub struct FulfilmentArgs {
     /// One key per intent (derived) or a new key per attempt (the seed's bug).
     #[arg(long, value_enum, default_value_t = KeyMode::Derived)]
     pub key_mode: KeyMode,
+    /// How the client retries: polite (Retry-After, retry quota) or aggressive (neither).
+    #[arg(long, value_enum, default_value_t = ClientProfile::Polite)]
+    pub client_profile: ClientProfile,
     /// Client deadline per attempt, in milliseconds.
     #[arg(long, default_value_t = DEADLINE_MS_DEFAULT)]
     pub deadline_ms: u64,
@@ -72,8 +99,27 @@ pub struct FulfilmentArgs {
     pub token: String,
 }
 
+/// What shape of load http mode offers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Profile {
+    /// One open-loop run at --rate (or a ramp with --ramp).
+    Steady,
+    /// Four phases at 1x, 2x, 3x and 1x of --rate (the capacity), each --phase-s long.
+    Overload,
+}
+
+/// Seconds per phase of the overload profile: long enough for the client's
+/// retries and the server's shedding to settle.
+pub const PHASE_S_DEFAULT: u64 = 20;
+
 #[derive(Debug, Clone, Args)]
 pub struct HttpArgs {
+    /// steady: one run at --rate; overload: 1x, 2x, 3x, 1x of --rate.
+    #[arg(long, value_enum, default_value_t = Profile::Steady)]
+    pub profile: Profile,
+    /// Seconds per phase of the overload profile.
+    #[arg(long, default_value_t = PHASE_S_DEFAULT)]
+    pub phase_s: u64,
     /// Base URL of a running Label service (http://127.0.0.1:8080); a server is spawned when absent.
     #[arg(long)]
     pub url: Option<String>,

@@ -2,19 +2,24 @@
 //! parcel, a 250 ms deadline per attempt, capped exponential backoff with
 //! full jitter on timeouts, 409 and 503 (always the same key in derived
 //! mode), never a retry on 422, and a share of intents sent twice at once.
+//! The polite profile (the default) also waits at least the server's
+//! `Retry-After` and spends a retry quota shared by the whole client
+//! ([`RetryQuota`]); the aggressive one does neither.
 //!
 //! Every attempt's answer is counted by kind ([`AttemptCounts`]) and every
 //! label id an intent received is kept ([`IntentLog`]), for the audit.
 
-use super::cli::{FulfilmentArgs, KeyMode};
+use super::cli::{ClientProfile, FulfilmentArgs, KeyMode};
 use crate::engine::Workload;
 use crate::intent::{Intent, LABELS_PATH, RunIds};
 use crate::recorder::Outcome;
 use futures::future::BoxFuture;
+use hdrhistogram::Histogram;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
+use std::time::Instant;
 use tokio::sync::{Notify, mpsc};
 
 /// The replay header (Stripe's convention, which the Label service follows).
@@ -25,6 +30,66 @@ pub const RESPONSE_BYTES_MAX: usize = 64 * 1024;
 pub const ATTEMPTS_LIMIT: u32 = 100;
 /// Idle keep-alive connections kept to the server.
 const IDLE_CONNECTIONS_MAX: usize = 4_096;
+/// Longest `Retry-After` the client honours; a longer one is cut to this.
+pub const RETRY_AFTER_S_MAX: u64 = 30;
+
+/// The AWS SDKs' standard retry mode's retry quota ("Retry behavior" in the
+/// AWS SDKs and Tools reference guide): the client starts with
+/// [`RETRY_QUOTA_TOKENS_MAX`] tokens; a retry after an error costs
+/// [`RETRY_COST_TOKENS`] (after a timeout [`RETRY_TIMEOUT_COST_TOKENS`]); a
+/// success gives back what its own retries cost, or [`SUCCESS_REFUND_TOKENS`]
+/// when it needed none. With the quota empty a failure is final, so an
+/// overloaded server sees the client's retries dry up instead of multiply.
+pub const RETRY_QUOTA_TOKENS_MAX: u64 = 500;
+pub const RETRY_COST_TOKENS: u64 = 5;
+pub const RETRY_TIMEOUT_COST_TOKENS: u64 = 10;
+pub const SUCCESS_REFUND_TOKENS: u64 = 1;
+
+/// The retry quota shared by every intent of one client.
+#[derive(Debug)]
+pub struct RetryQuota {
+    tokens: Mutex<u64>,
+    refused: AtomicU64,
+}
+
+impl Default for RetryQuota {
+    fn default() -> Self {
+        Self {
+            tokens: Mutex::new(RETRY_QUOTA_TOKENS_MAX),
+            refused: AtomicU64::new(0),
+        }
+    }
+}
+
+impl RetryQuota {
+    /// Takes the cost of one retry after `answer`; `None` when the quota
+    /// cannot pay it (the failure is then final).
+    pub fn take(&self, answer: &Answer) -> Option<u64> {
+        let cost = match answer {
+            Answer::Timeout => RETRY_TIMEOUT_COST_TOKENS,
+            _ => RETRY_COST_TOKENS,
+        };
+        let mut tokens = self.tokens.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if *tokens < cost {
+            self.refused.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+        *tokens -= cost;
+        Some(cost)
+    }
+
+    /// A success gives back what its retries cost, or the small refund.
+    pub fn refund(&self, spent: u64) {
+        let refund = if spent == 0 { SUCCESS_REFUND_TOKENS } else { spent };
+        let mut tokens = self.tokens.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        *tokens = (*tokens + refund).min(RETRY_QUOTA_TOKENS_MAX);
+    }
+
+    /// Retries the quota refused so far.
+    pub fn refused(&self) -> u64 {
+        self.refused.load(Ordering::Relaxed)
+    }
+}
 
 /// Why the client settings were refused.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -49,6 +114,7 @@ pub struct ClientSettings {
     pub labels_url: reqwest::Url,
     pub token: String,
     pub key_mode: KeyMode,
+    pub profile: ClientProfile,
     pub deadline: Duration,
     pub attempts_max: u32,
     pub backoff_base: Duration,
@@ -61,7 +127,7 @@ impl ClientSettings {
     /// The longest one copy of an intent can take: every attempt at its
     /// deadline and every backoff at its cap, plus a margin for scheduling.
     pub fn copy_time_max(&self) -> Duration {
-        let per_attempt = self.deadline + self.backoff_cap;
+        let per_attempt = self.deadline + self.backoff_cap + Duration::from_secs(RETRY_AFTER_S_MAX);
         per_attempt * self.attempts_max + Duration::from_secs(5)
     }
 
@@ -81,6 +147,7 @@ impl ClientSettings {
                 .map_err(|error| ClientError::Url(error.to_string()))?,
             token: args.token.clone(),
             key_mode: args.key_mode,
+            profile: args.client_profile,
             deadline: Duration::from_millis(args.deadline_ms),
             attempts_max: args.attempts_max,
             backoff_base: Duration::from_millis(args.backoff_base_ms.max(1)),
@@ -149,6 +216,75 @@ impl AttemptCounts {
 
     pub fn snapshot(&self) -> BTreeMap<String, u64> {
         self.counts
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    }
+}
+
+/// Answers to attempts, second by second since the client started: the
+/// latency of every admitted attempt (anything but 503 `overloaded`) and the
+/// count of shed ones, for the overload profile's phases and recovery time.
+#[derive(Debug)]
+pub struct AttemptTimeline {
+    start: Instant,
+    seconds: Mutex<Vec<TimelineSecond>>,
+}
+
+/// One second of the [`AttemptTimeline`].
+#[derive(Debug, Clone)]
+pub struct TimelineSecond {
+    /// Latency of admitted attempts, in microseconds.
+    pub admitted: Histogram<u64>,
+    pub shed: u64,
+}
+
+/// Longest attempt latency the timeline records, in microseconds; longer
+/// ones are recorded as this (the client's deadline is far below it).
+const TIMELINE_LATENCY_US_MAX: u64 = 60_000_000;
+/// Seconds the timeline keeps at most; later attempts are not recorded.
+pub const TIMELINE_SECONDS_MAX: usize = 24 * 3600;
+
+impl Default for AttemptTimeline {
+    fn default() -> Self {
+        Self {
+            start: Instant::now(),
+            seconds: Mutex::new(Vec::new()),
+        }
+    }
+}
+
+impl AttemptTimeline {
+    /// Seconds since the client started, at `at`.
+    pub fn second_of(&self, at: Instant) -> usize {
+        at.saturating_duration_since(self.start).as_secs() as usize
+    }
+
+    fn record(&self, sent: Instant, answer: &Answer) {
+        let second = self.second_of(sent);
+        if second >= TIMELINE_SECONDS_MAX {
+            return;
+        }
+        let mut seconds = self.seconds.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        while seconds.len() <= second {
+            let Ok(admitted) = Histogram::new_with_max(TIMELINE_LATENCY_US_MAX, 3) else {
+                return;
+            };
+            seconds.push(TimelineSecond { admitted, shed: 0 });
+        }
+        let bucket = &mut seconds[second];
+        if matches!(answer, Answer::Status { status: 503, code: Some(code) } if code == "overloaded") {
+            bucket.shed += 1;
+        } else {
+            let latency_us = u64::try_from(sent.elapsed().as_micros()).unwrap_or(u64::MAX);
+            bucket
+                .admitted
+                .saturating_record(latency_us.min(TIMELINE_LATENCY_US_MAX));
+        }
+    }
+
+    pub fn snapshot(&self) -> Vec<TimelineSecond> {
+        self.seconds
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .clone()
@@ -262,6 +398,8 @@ pub struct FulfilmentClient {
     ids: RunIds,
     pub counts: Arc<AttemptCounts>,
     pub log: Arc<IntentLog>,
+    pub quota: Arc<RetryQuota>,
+    pub timeline: Arc<AttemptTimeline>,
 }
 
 impl FulfilmentClient {
@@ -277,6 +415,8 @@ impl FulfilmentClient {
             ids,
             counts: Arc::new(AttemptCounts::default()),
             log: Arc::new(IntentLog::default()),
+            quota: Arc::new(RetryQuota::default()),
+            timeline: Arc::new(AttemptTimeline::default()),
         })
     }
 
@@ -313,6 +453,8 @@ impl Workload for FulfilmentClient {
                 http: self.http.clone(),
                 settings: self.settings.clone(),
                 counts: self.counts.clone(),
+                quota: self.quota.clone(),
+                timeline: self.timeline.clone(),
                 intent,
             };
             let log = self.log.clone();
@@ -353,6 +495,8 @@ struct IntentCopy {
     http: reqwest::Client,
     settings: ClientSettings,
     counts: Arc<AttemptCounts>,
+    quota: Arc<RetryQuota>,
+    timeline: Arc<AttemptTimeline>,
     intent: Intent,
 }
 
@@ -361,22 +505,36 @@ impl IntentCopy {
         let derived = self.intent.derived_key();
         let body = self.intent.body();
         let mut result = CopyResult::default();
+        let mut quota_spent = 0;
         for attempt in 1..=self.settings.attempts_max {
             let key = match self.settings.key_mode {
                 KeyMode::Derived => derived.clone(),
                 KeyMode::PerAttempt => format!("attempt-{:032x}", rand::random::<u128>()),
             };
-            let answer = self.send(&key, &body).await;
+            let sent = Instant::now();
+            let (answer, retry_after) = self.send(&key, &body).await;
+            self.timeline.record(sent, &answer);
             self.counts.add(&answer);
             result.attempts = attempt;
             match answer {
                 Answer::Created { label_id, .. } => {
+                    self.quota.refund(quota_spent);
                     result.labels.push(label_id);
                     return result;
                 }
                 retryable if retryable.is_retryable() => {
-                    if attempt < self.settings.attempts_max {
-                        tokio::time::sleep(backoff(&self.settings, attempt)).await;
+                    if attempt == self.settings.attempts_max {
+                        break;
+                    }
+                    match self.pause_before_retry(&retryable, attempt, retry_after) {
+                        Some((pause, cost)) => {
+                            quota_spent += cost;
+                            tokio::time::sleep(pause).await;
+                        }
+                        None => {
+                            result.failure = Some("retry_quota_empty".into());
+                            return result;
+                        }
                     }
                 }
                 // 422 and every other definitive error: never retried.
@@ -390,7 +548,26 @@ impl IntentCopy {
         result
     }
 
-    async fn send(&self, key: &str, body: &[u8]) -> Answer {
+    /// How long to wait before retrying after `answer`, and the quota it
+    /// cost; `None` when the polite client's quota is empty.
+    fn pause_before_retry(
+        &self,
+        answer: &Answer,
+        attempt: u32,
+        retry_after: Option<Duration>,
+    ) -> Option<(Duration, u64)> {
+        let jittered = backoff(&self.settings, attempt);
+        match self.settings.profile {
+            ClientProfile::Aggressive => Some((jittered, 0)),
+            ClientProfile::Polite => {
+                let cost = self.quota.take(answer)?;
+                Some((retry_after.unwrap_or_default() + jittered, cost))
+            }
+        }
+    }
+
+    /// One attempt: its answer, and the server's `Retry-After` if it sent one.
+    async fn send(&self, key: &str, body: &[u8]) -> (Answer, Option<Duration>) {
         let request = self
             .http
             .post(self.settings.labels_url.clone())
@@ -401,23 +578,24 @@ impl IntentCopy {
             .timeout(self.settings.deadline);
         let response = match request.send().await {
             Ok(response) => response,
-            Err(error) if error.is_timeout() => return Answer::Timeout,
-            Err(_) => return Answer::Transport,
+            Err(error) if error.is_timeout() => return (Answer::Timeout, None),
+            Err(_) => return (Answer::Transport, None),
         };
         let status = response.status().as_u16();
+        let retry_after = retry_after(response.headers());
         let replayed = response
             .headers()
             .get(REPLAYED_HEADER)
             .is_some_and(|value| value.as_bytes().eq_ignore_ascii_case(b"true"));
         let bytes = match read_limited(response).await {
             Ok(bytes) => bytes,
-            Err(error) if error.is_timeout() => return Answer::Timeout,
-            Err(_) => return Answer::Transport,
+            Err(error) if error.is_timeout() => return (Answer::Timeout, retry_after),
+            Err(_) => return (Answer::Transport, retry_after),
         };
         // Only the fields the client needs are decoded, into a small struct:
         // the bench shares the machine's CPU with the server it measures.
         let fields: AnswerFields = serde_json::from_slice(&bytes).unwrap_or_default();
-        match (status, fields.label_id) {
+        let answer = match (status, fields.label_id) {
             (201, Some(label_id)) => Answer::Created { label_id, replayed },
             (201, None) => Answer::Status {
                 status,
@@ -427,8 +605,22 @@ impl IntentCopy {
                 status,
                 code: fields.code.as_deref().map(sanitise_code),
             },
-        }
+        };
+        (answer, retry_after)
     }
+}
+
+/// `Retry-After` in delay-seconds (the only form the Label service sends),
+/// capped at [`RETRY_AFTER_S_MAX`]; anything else is ignored.
+fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
+    let seconds: u64 = headers
+        .get(reqwest::header::RETRY_AFTER)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    Some(Duration::from_secs(seconds.min(RETRY_AFTER_S_MAX)))
 }
 
 /// What the client reads from an answer: the label (201) or the problem code.
@@ -543,6 +735,45 @@ mod tests {
             code: Some("overloaded".into()),
         };
         assert_eq!(busy.kind(), "503_overloaded");
+    }
+
+    #[test]
+    fn the_retry_quota_runs_dry_under_failures_and_refills_with_successes() {
+        let quota = RetryQuota::default();
+        let busy = Answer::Status {
+            status: 503,
+            code: Some("overloaded".into()),
+        };
+        let affordable = RETRY_QUOTA_TOKENS_MAX / RETRY_COST_TOKENS;
+        for _ in 0..affordable {
+            assert_eq!(quota.take(&busy), Some(RETRY_COST_TOKENS));
+        }
+        assert_eq!(quota.take(&busy), None, "an empty quota pays for no retry");
+        assert_eq!(quota.refused(), 1);
+        // A success after two retries gives their cost back.
+        quota.refund(2 * RETRY_COST_TOKENS);
+        assert_eq!(quota.take(&Answer::Timeout), Some(RETRY_TIMEOUT_COST_TOKENS));
+        assert_eq!(quota.take(&busy), None);
+        // First-try successes refill it slowly.
+        for _ in 0..RETRY_COST_TOKENS {
+            quota.refund(0);
+        }
+        assert_eq!(quota.take(&busy), Some(RETRY_COST_TOKENS));
+    }
+
+    #[test]
+    fn retry_after_is_read_in_seconds_and_capped() {
+        let mut headers = reqwest::header::HeaderMap::new();
+        assert_eq!(retry_after(&headers), None);
+        headers.insert(reqwest::header::RETRY_AFTER, "2".parse().unwrap());
+        assert_eq!(retry_after(&headers), Some(Duration::from_secs(2)));
+        headers.insert(reqwest::header::RETRY_AFTER, "86400".parse().unwrap());
+        assert_eq!(retry_after(&headers), Some(Duration::from_secs(RETRY_AFTER_S_MAX)));
+        headers.insert(
+            reqwest::header::RETRY_AFTER,
+            "Wed, 21 Oct 2015 07:28:00 GMT".parse().unwrap(),
+        );
+        assert_eq!(retry_after(&headers), None);
     }
 
     #[test]

@@ -6,6 +6,7 @@ pub mod carrier;
 pub mod cli;
 pub mod client;
 pub mod metrics;
+pub mod overload;
 pub mod spawn;
 
 use crate::cli::CompareArgs;
@@ -15,8 +16,9 @@ use crate::ramp::{RampReport, RampSettings, run_ramp};
 use crate::report::{RunSummary, Table};
 use crate::store_mode::Backend;
 use audit::{AnswerCounts, AuditInput, AuditReport, audit};
-use cli::{FulfilmentArgs, HttpArgs, KeyMode};
+use cli::{FulfilmentArgs, HttpArgs, KeyMode, Profile};
 use client::{ClientError, ClientSettings, FulfilmentClient};
+use overload::{OverloadReport, run_overload};
 use serde::{Deserialize, Serialize};
 use spawn::{SpawnError, SpawnSettings, SpawnedServer};
 use std::collections::BTreeMap;
@@ -61,6 +63,9 @@ pub struct HttpRun {
     pub fulfilment: FulfilmentArgs,
     pub plan: LoadPlan,
     pub ramp: Option<RampSettings>,
+    /// Phase length of the overload profile, when that is the profile.
+    pub overload_phase: Option<Duration>,
+    pub slo_p99_ms: f64,
     pub seed: u64,
 }
 
@@ -84,6 +89,8 @@ impl HttpRun {
             fulfilment: args.fulfilment.clone(),
             plan: args.load.plan(seed, !args.output.quiet),
             ramp: args.load.ramp(),
+            overload_phase: (args.profile == Profile::Overload).then(|| Duration::from_secs(args.phase_s)),
+            slo_p99_ms: args.load.slo_p99_ms,
             seed,
         }
     }
@@ -100,6 +107,8 @@ impl HttpRun {
             fulfilment: args.http.clone(),
             plan: args.load.plan(seed, !args.output.quiet),
             ramp: args.load.ramp(),
+            overload_phase: None,
+            slo_p99_ms: args.load.slo_p99_ms,
             seed,
         }
     }
@@ -121,6 +130,10 @@ pub struct HttpReport {
     pub notes: Vec<String>,
     pub open_loop: Option<RunSummary>,
     pub ramp: Option<RampReport>,
+    pub overload: Option<OverloadReport>,
+    /// Retries the polite client's quota refused (the intent's copy then
+    /// ended without a label).
+    pub retries_refused_by_quota: u64,
     /// Every attempt's answer by kind, warm-up included.
     pub attempts: BTreeMap<String, u64>,
     pub audit: AuditReport,
@@ -183,6 +196,8 @@ impl HttpReport {
             notes: server.spawned.as_ref().map(|s| s.notes.clone()).unwrap_or_default(),
             open_loop: None,
             ramp: None,
+            overload: None,
+            retries_refused_by_quota: 0,
             attempts: BTreeMap::new(),
             audit: AuditReport::default(),
             server_peak_rss_mib: None,
@@ -221,6 +236,15 @@ impl HttpReport {
             .map(|(kind, count)| format!("{kind}={count}"))
             .collect();
         text.push_str(&format!("attempts: {}\n", attempts.join(" ")));
+        if self.retries_refused_by_quota > 0 {
+            text.push_str(&format!(
+                "retries refused by the client's retry quota: {}\n",
+                self.retries_refused_by_quota
+            ));
+        }
+        if let Some(overload) = &self.overload {
+            text.push_str(&overload.render());
+        }
         if let (Some(peak), Some(sampled)) = (self.server_peak_rss_mib, self.server_max_sampled_rss_mib) {
             text.push_str(&format!(
                 "server resident memory: peak {peak:.1} MiB, highest sampled during load {sampled:.1} MiB\n"
@@ -301,9 +325,12 @@ pub async fn run(run: &HttpRun) -> Result<HttpReport, HttpError> {
         label: format!("http {}", report.store_kind),
         ..run.plan.clone()
     };
-    match &run.ramp {
-        Some(ramp) => report.ramp = Some(run_ramp(ramp, &plan, client.clone()).await?),
-        None => report.open_loop = Some(RunSummary::of_open_loop(&run_open_loop(&plan, client.clone()).await?)),
+    match (&run.ramp, run.overload_phase) {
+        (_, Some(phase)) => {
+            report.overload = Some(run_overload(&plan, phase, run.slo_p99_ms, client.clone()).await?);
+        }
+        (Some(ramp), None) => report.ramp = Some(run_ramp(ramp, &plan, client.clone()).await?),
+        (None, None) => report.open_loop = Some(RunSummary::of_open_loop(&run_open_loop(&plan, client.clone()).await?)),
     }
     let limit = client.settings().copy_time_max();
     if !client.log.wait_all_done(limit).await {
@@ -317,6 +344,7 @@ pub async fn run(run: &HttpRun) -> Result<HttpReport, HttpError> {
     report.cpu = cpu.finish(client.log.len());
     wait_for_server_idle(&admin, &server.base_url).await;
     report.attempts = client.counts.snapshot();
+    report.retries_refused_by_quota = client.quota.refused();
     report.audit = audit_run(&admin, &server, &client, &before, &report.attempts).await;
     if let Some(pid) = server.spawned.as_ref().and_then(SpawnedServer::pid) {
         report.server_peak_rss_mib = metrics::resident_kib(pid).map(|(_, peak)| peak as f64 / 1_024.0);

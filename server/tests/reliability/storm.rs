@@ -10,6 +10,7 @@
 use crate::support::backends::{Backend, BackendSetup};
 use crate::support::service::{Service, ServiceOptions};
 use crate::support::{ALICE_ID, LabelPost, Reply, derived_key, label_body, scaled, unique_order_id};
+use server::admission::AdmissionConfig;
 use server::config::SimulatorConfig;
 use std::time::{Duration, Instant};
 
@@ -36,6 +37,12 @@ async fn storm(backend: Backend) {
             ..SimulatorConfig::default()
         },
         in_flight_max: requests * 2,
+        // Every request admitted: this test is about one key under a
+        // storm, not about shedding (overload.rs is).
+        admission: AdmissionConfig {
+            workers: requests * 2,
+            ..AdmissionConfig::default()
+        },
         ..ServiceOptions::default()
     };
     let service = Service::start(&setup, options).await;

@@ -8,6 +8,7 @@ use super::audit::{LabelCensus, census_embedded, census_postgres, embedded_pairs
 use super::backends::{Backend, BackendSetup};
 use super::{ALICE, ALICE_ID, BOB, BOB_ID};
 use server::AppState;
+use server::admission::AdmissionConfig;
 use server::auth::Callers;
 use server::carrier::{CarrierClient, CarrierServer};
 use server::config::{CallerConfig, SimulatorConfig, token_sha256};
@@ -35,6 +36,7 @@ pub struct ServiceOptions {
     pub in_flight_max: usize,
     pub request_timeout_ms: u64,
     pub redis_response_timeout_ms: u64,
+    pub admission: AdmissionConfig,
 }
 
 impl Default for ServiceOptions {
@@ -51,6 +53,7 @@ impl Default for ServiceOptions {
             in_flight_max: 4_096,
             request_timeout_ms: 25_000,
             redis_response_timeout_ms: 2_000,
+            admission: AdmissionConfig::default(),
         }
     }
 }
@@ -95,6 +98,7 @@ impl Service {
             options.in_flight_max,
             Duration::from_millis(options.request_timeout_ms),
             1,
+            &options.admission,
         );
         let router = server::router(state, callers, limits);
         let listener = listener().await;

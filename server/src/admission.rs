@@ -1,0 +1,420 @@
+//! Admission control: a fixed number of workers behind a queue whose delay
+//! is bounded by CoDel's rule, so that past capacity the service sheds
+//! requests at once instead of queueing work nobody waits for.
+//!
+//! The rule is CoDel's (Nichols and Jacobson, RFC 8289) as Facebook applies
+//! it to server request queues ("Fail at Scale", B. Maurer, ACM Queue 13(8),
+//! 2015): while the queue has been empty at some moment of the last
+//! `interval`, a request may wait up to `interval` for a worker (a burst is
+//! absorbed); once it has not been empty for a whole `interval` (a standing
+//! queue, the sign of overload), a request may wait only `target`. A request
+//! that gets no worker in its time is answered 503 `overloaded` with
+//! `Retry-After` before it claims a key, so no work is started for a client
+//! that will have given up. A request that got a worker keeps it until its
+//! work ends, even if the client hangs up (the slot travels with the work,
+//! see [`crate::limits::InFlightSlot`]); claimed keys are always finished.
+//!
+//! Fairness: when the queue is forming, a caller that already holds its
+//! share of the workers (workers divided by the callers holding any) is
+//! refused at once instead of waiting, so one caller cannot take every
+//! worker from the others. Alone, a caller may use them all.
+//!
+//! [`Codel`] is the pure decision, fed with times by the caller, so it is
+//! tested by moving time, never by sleeping.
+
+use crate::auth::Caller;
+use crate::error::ApiError;
+use crate::limits::InFlightSlot;
+use crate::metrics::{ADMISSION_QUEUE_WAITING, ADMISSION_SHED_TOTAL};
+use axum::extract::{Request, State};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
+
+/// Requests served at once. Work past it waits in the admission queue. On
+/// two cores the label route is store- and carrier-bound, so a few dozen
+/// keep both busy while bounding memory and the store's queues.
+pub const ADMISSION_WORKERS_DEFAULT: usize = 64;
+pub const ADMISSION_WORKERS_MAX: usize = 10_000;
+/// Requests waiting for a worker at most; past it, refused at once.
+pub const ADMISSION_QUEUE_MAX_DEFAULT: usize = 1_024;
+pub const ADMISSION_QUEUE_MAX_LIMIT: usize = 100_000;
+/// CoDel's target: the wait allowed under a standing queue.
+pub const ADMISSION_TARGET_MS_DEFAULT: u64 = 5;
+/// CoDel's interval: the wait allowed while the queue still empties, and the
+/// window in which it must have emptied.
+pub const ADMISSION_INTERVAL_MS_DEFAULT: u64 = 100;
+/// Longest target or interval accepted.
+pub const ADMISSION_MS_MAX: u64 = 10_000;
+
+/// The settings of [`Admission`], from `[server.admission]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AdmissionConfig {
+    pub workers: usize,
+    pub queue_max: usize,
+    pub target_ms: u64,
+    pub interval_ms: u64,
+}
+
+impl Default for AdmissionConfig {
+    fn default() -> Self {
+        Self {
+            workers: ADMISSION_WORKERS_DEFAULT,
+            queue_max: ADMISSION_QUEUE_MAX_DEFAULT,
+            target_ms: ADMISSION_TARGET_MS_DEFAULT,
+            interval_ms: ADMISSION_INTERVAL_MS_DEFAULT,
+        }
+    }
+}
+
+/// CoDel's decision: how long a request arriving now may wait for a worker.
+#[derive(Debug)]
+pub struct Codel {
+    target: Duration,
+    interval: Duration,
+    /// When the queue was last seen empty, as time since `epoch`.
+    last_empty_ms: AtomicU64,
+    epoch: Instant,
+}
+
+impl Codel {
+    pub fn new(target: Duration, interval: Duration, now: Instant) -> Self {
+        assert!(target <= interval, "CoDel's target must not exceed its interval");
+        Self {
+            target,
+            interval,
+            last_empty_ms: AtomicU64::new(0),
+            epoch: now,
+        }
+    }
+
+    fn since_epoch_ms(&self, now: Instant) -> u64 {
+        u64::try_from(now.saturating_duration_since(self.epoch).as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// A request found a worker without waiting: the queue is empty now.
+    pub fn saw_empty(&self, now: Instant) {
+        self.last_empty_ms
+            .fetch_max(self.since_epoch_ms(now), Ordering::Relaxed);
+    }
+
+    /// The longest a request arriving at `now` may wait.
+    pub fn wait_allowed(&self, now: Instant) -> Duration {
+        let since_empty_ms = self
+            .since_epoch_ms(now)
+            .saturating_sub(self.last_empty_ms.load(Ordering::Relaxed));
+        if Duration::from_millis(since_empty_ms) > self.interval {
+            self.target
+        } else {
+            self.interval
+        }
+    }
+}
+
+/// Workers held per caller, for the fairness rule.
+#[derive(Debug, Default)]
+struct CallerShares {
+    held: Mutex<HashMap<String, usize>>,
+}
+
+impl CallerShares {
+    /// Counts one more worker for `caller`, unless the queue is forming and
+    /// the caller already holds its share; `None` means refused.
+    fn take(self: &Arc<Self>, caller: &str, workers: usize, contended: bool) -> Option<CallerShare> {
+        let mut held = self.held.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let holders = held.len().max(1);
+        let mine = held.get(caller).copied().unwrap_or(0);
+        let share = (workers / holders).max(1);
+        if contended && holders > 1 && mine >= share {
+            return None;
+        }
+        *held.entry(caller.to_owned()).or_insert(0) += 1;
+        Some(CallerShare {
+            shares: self.clone(),
+            caller: caller.to_owned(),
+        })
+    }
+}
+
+/// One worker counted against a caller, given back on drop.
+#[derive(Debug)]
+struct CallerShare {
+    shares: Arc<CallerShares>,
+    caller: String,
+}
+
+impl Drop for CallerShare {
+    fn drop(&mut self) {
+        let mut held = self.shares.held.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(count) = held.get_mut(&self.caller) {
+            *count -= 1;
+            if *count == 0 {
+                held.remove(&self.caller);
+            }
+        }
+    }
+}
+
+/// A worker held by one admitted request (and its work).
+#[derive(Debug)]
+pub struct Worker {
+    _permit: OwnedSemaphorePermit,
+    _share: CallerShare,
+}
+
+/// Why a request was not admitted; each is a value of the shed metric's
+/// `reason` label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shed {
+    /// It waited as long as CoDel allows and got no worker.
+    QueueDelay,
+    /// The queue was full.
+    QueueFull,
+    /// Its caller already held its share of the workers.
+    CallerShare,
+}
+
+/// Every [`Shed`], for registering the metric at zero.
+pub const SHED_REASONS: [Shed; 3] = [Shed::QueueDelay, Shed::QueueFull, Shed::CallerShare];
+
+impl Shed {
+    pub fn label(self) -> &'static str {
+        match self {
+            Shed::QueueDelay => "queue_delay",
+            Shed::QueueFull => "queue_full",
+            Shed::CallerShare => "caller_share",
+        }
+    }
+}
+
+/// The admission controller shared by every request.
+#[derive(Debug, Clone)]
+pub struct Admission {
+    workers: Arc<Semaphore>,
+    workers_total: usize,
+    queue_max: usize,
+    waiting: Arc<AtomicUsize>,
+    codel: Arc<Codel>,
+    shares: Arc<CallerShares>,
+}
+
+impl Admission {
+    pub fn new(config: &AdmissionConfig) -> Self {
+        Self {
+            workers: Arc::new(Semaphore::new(config.workers)),
+            workers_total: config.workers,
+            queue_max: config.queue_max,
+            waiting: Arc::new(AtomicUsize::new(0)),
+            codel: Arc::new(Codel::new(
+                Duration::from_millis(config.target_ms),
+                Duration::from_millis(config.interval_ms),
+                Instant::now(),
+            )),
+            shares: Arc::new(CallerShares::default()),
+        }
+    }
+
+    /// A worker for `caller`, waiting at most as long as CoDel allows.
+    pub async fn admit(&self, caller: &str) -> Result<Worker, Shed> {
+        if let Ok(permit) = self.workers.clone().try_acquire_owned() {
+            self.codel.saw_empty(Instant::now());
+            let share = self.shares.take(caller, self.workers_total, false);
+            // Never refused when uncontended.
+            let share = share.ok_or(Shed::CallerShare)?;
+            return Ok(Worker {
+                _permit: permit,
+                _share: share,
+            });
+        }
+        let share = self
+            .shares
+            .take(caller, self.workers_total, true)
+            .ok_or(Shed::CallerShare)?;
+        let permit = self.wait_for_worker().await?;
+        Ok(Worker {
+            _permit: permit,
+            _share: share,
+        })
+    }
+
+    async fn wait_for_worker(&self) -> Result<OwnedSemaphorePermit, Shed> {
+        let waiting = QueuePlace::enter(&self.waiting, self.queue_max).ok_or(Shed::QueueFull)?;
+        let allowed = self.codel.wait_allowed(Instant::now());
+        let acquired = tokio::time::timeout(allowed, self.workers.clone().acquire_owned()).await;
+        drop(waiting);
+        match acquired {
+            Ok(Ok(permit)) => Ok(permit),
+            // The semaphore is never closed; treat it as a full queue.
+            Ok(Err(_closed)) => Err(Shed::QueueFull),
+            Err(_elapsed) => Err(Shed::QueueDelay),
+        }
+    }
+}
+
+/// A place in the admission queue, left on drop.
+struct QueuePlace<'a> {
+    waiting: &'a AtomicUsize,
+}
+
+impl<'a> QueuePlace<'a> {
+    fn enter(waiting: &'a AtomicUsize, queue_max: usize) -> Option<Self> {
+        let before = waiting.fetch_add(1, Ordering::AcqRel);
+        if before >= queue_max {
+            waiting.fetch_sub(1, Ordering::AcqRel);
+            return None;
+        }
+        metrics::gauge!(ADMISSION_QUEUE_WAITING).set((before + 1) as f64);
+        Some(Self { waiting })
+    }
+}
+
+impl Drop for QueuePlace<'_> {
+    fn drop(&mut self) {
+        let after = self.waiting.fetch_sub(1, Ordering::AcqRel) - 1;
+        metrics::gauge!(ADMISSION_QUEUE_WAITING).set(after as f64);
+    }
+}
+
+/// The middleware: runs after authentication (it needs the caller) and
+/// before the routes. The worker joins the request's [`InFlightSlot`], so
+/// work that outlives its request keeps it.
+pub async fn admit(
+    State((admission, retry_after_s)): State<(Admission, u64)>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    let caller = match request.extensions().get::<Caller>() {
+        Some(caller) => caller.0.as_str().to_owned(),
+        None => String::new(),
+    };
+    let worker = match admission.admit(&caller).await {
+        Ok(worker) => worker,
+        Err(shed) => {
+            metrics::counter!(ADMISSION_SHED_TOTAL, "reason" => shed.label()).increment(1);
+            return ApiError::Overloaded { retry_after_s }.into_response();
+        }
+    };
+    let slot = match request.extensions_mut().remove::<InFlightSlot>() {
+        Some(slot) => slot.with_worker(worker),
+        None => InFlightSlot::for_worker(worker),
+    };
+    request.extensions_mut().insert(slot);
+    next.run(request).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn codel_at(now: Instant) -> Codel {
+        Codel::new(Duration::from_millis(5), Duration::from_millis(100), now)
+    }
+
+    #[test]
+    fn a_queue_that_empties_allows_the_interval_and_a_standing_one_only_the_target() {
+        let start = Instant::now();
+        let codel = codel_at(start);
+        codel.saw_empty(start);
+        assert_eq!(
+            codel.wait_allowed(start + Duration::from_millis(50)),
+            Duration::from_millis(100)
+        );
+        assert_eq!(
+            codel.wait_allowed(start + Duration::from_millis(100)),
+            Duration::from_millis(100)
+        );
+        // No empty moment for more than an interval: a standing queue.
+        assert_eq!(
+            codel.wait_allowed(start + Duration::from_millis(101)),
+            Duration::from_millis(5)
+        );
+        // It empties once: bursts are absorbed again.
+        codel.saw_empty(start + Duration::from_millis(150));
+        assert_eq!(
+            codel.wait_allowed(start + Duration::from_millis(200)),
+            Duration::from_millis(100)
+        );
+    }
+
+    #[test]
+    fn an_older_empty_moment_never_moves_the_last_one_back() {
+        let start = Instant::now();
+        let codel = codel_at(start);
+        codel.saw_empty(start + Duration::from_millis(300));
+        codel.saw_empty(start + Duration::from_millis(10));
+        assert_eq!(
+            codel.wait_allowed(start + Duration::from_millis(350)),
+            Duration::from_millis(100)
+        );
+    }
+
+    fn config(workers: usize, queue_max: usize) -> AdmissionConfig {
+        AdmissionConfig {
+            workers,
+            queue_max,
+            target_ms: 5,
+            interval_ms: 100,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn past_the_workers_a_request_waits_then_is_shed_and_a_freed_worker_admits_the_next() {
+        let admission = Admission::new(&config(2, 10));
+        let first = admission.admit("a").await.expect("a free worker");
+        let _second = admission.admit("a").await.expect("a free worker");
+        // Both busy: the third waits the interval (the queue emptied just
+        // now), then is shed.
+        assert_eq!(admission.admit("a").await.unwrap_err(), Shed::QueueDelay);
+        // Still busy for more than an interval: a standing queue, and the
+        // wait allowed drops to the target.
+        tokio::time::advance(Duration::from_millis(150)).await;
+        let started = Instant::now();
+        assert_eq!(admission.admit("a").await.unwrap_err(), Shed::QueueDelay);
+        assert_eq!(started.elapsed(), Duration::from_millis(5));
+        drop(first);
+        admission.admit("a").await.expect("the freed worker");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_full_queue_refuses_at_once() {
+        let admission = Admission::new(&config(1, 1));
+        let _busy = admission.admit("a").await.expect("a free worker");
+        let waiting = {
+            let admission = admission.clone();
+            tokio::spawn(async move { admission.admit("a").await.map(drop) })
+        };
+        tokio::task::yield_now().await;
+        assert_eq!(admission.admit("a").await.unwrap_err(), Shed::QueueFull);
+        assert_eq!(waiting.await.expect("task").unwrap_err(), Shed::QueueDelay);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn one_caller_cannot_take_every_worker_from_another() {
+        let admission = Admission::new(&config(4, 100));
+        // Alone, a caller may use every worker.
+        let mut held: Vec<Worker> = Vec::new();
+        for _ in 0..3 {
+            held.push(admission.admit("greedy").await.expect("free worker"));
+        }
+        let _modest = admission.admit("modest").await.expect("the last free worker");
+        // Contended, two holders: the greedy caller holds 3 of 4, over its
+        // share of 2, and is refused without queueing; the modest one queues.
+        assert_eq!(admission.admit("greedy").await.unwrap_err(), Shed::CallerShare);
+        let modest_waits = {
+            let admission = admission.clone();
+            tokio::spawn(async move { admission.admit("modest").await.map(drop) })
+        };
+        tokio::task::yield_now().await;
+        held.pop();
+        modest_waits
+            .await
+            .expect("task")
+            .expect("a worker freed by the greedy caller");
+    }
+}
