@@ -20,6 +20,12 @@ impl LabelService {
     /// with a fast in-process carrier that drops `lost_reply_rate` of its
     /// replies after buying.
     pub async fn start(lost_reply_rate: f64) -> Self {
+        Self::start_with(lost_reply_rate, |_| {}).await
+    }
+
+    /// As [`LabelService::start`], with `configure` applied last (another
+    /// store, for example).
+    pub async fn start_with(lost_reply_rate: f64, configure: impl FnOnce(&mut Config)) -> Self {
         let data = tempfile::tempdir().unwrap();
         let mut config = Config::default();
         config.store.embedded.path = data.path().join("records");
@@ -28,6 +34,7 @@ impl LabelService {
         config.carrier.simulator.latency_ms_max = 1;
         config.carrier.simulator.lost_reply_rate = lost_reply_rate;
         config.carrier.simulator.seed = 7;
+        configure(&mut config);
         let app = App::build(config).await.unwrap();
         let carrier_url = app.carrier_simulator_url().expect("the simulator runs in-process");
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();

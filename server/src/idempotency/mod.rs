@@ -99,8 +99,12 @@ impl Idempotency {
                 Ok(Begun::Acquired(Attempt::new(self.clone(), acquired, fingerprint)))
             }
             ClaimOutcome::Replay(saved) => Ok(Begun::Replay(saved::response_from_saved(&saved, true))),
+            // "Wait briefly" (the specification's status table): the first
+            // attempt usually ends in milliseconds, and the lease's end is
+            // only the bound for an attempt that died, so the advice is the
+            // lease's remaining time capped at server.retry_after_s.
             ClaimOutcome::InProgress { retry_after_ms } => Err(ApiError::RequestInProgress {
-                retry_after_s: retry_after_seconds(retry_after_ms),
+                retry_after_s: retry_after_seconds(retry_after_ms).min(self.inner.store_retry_after_s),
             }),
             ClaimOutcome::Mismatch => Err(ApiError::IdempotencyKeyReused),
         }
