@@ -12,9 +12,10 @@ pub mod simulator;
 pub use client::{CarrierClient, CarrierOutcome};
 pub use simulator::{CarrierServer, CarrierStats, ScriptStep, SimulatedFault};
 
+use crate::labels::Parcel;
 use crate::labels::{CreateLabelRequest, ShippingService};
 use serde::{Deserialize, Serialize};
-use store_core::{CallerId, IdempotencyKey};
+use store_core::CallerId;
 
 /// Where the carrier sells labels.
 pub const CARRIER_LABELS_PATH: &str = "/carrier/v1/labels";
@@ -23,14 +24,21 @@ pub const CARRIER_STATS_PATH: &str = "/carrier/v1/stats";
 /// The simulator's fault script (tests).
 pub const CARRIER_SCRIPT_PATH: &str = "/carrier/v1/script";
 
-/// The key the Label service sends the carrier for one of its own keys.
+/// The key the Label service sends the carrier for one intent: the caller
+/// and the parcel (order, parcel number, label version), never the client's
+/// idempotency key.
 ///
-/// It carries the caller, because two callers may use the same key for
-/// different parcels, and the key's SHA-256 rather than the key itself,
-/// so the carrier key has a fixed length and no caller's key leaves the
-/// service.
-pub fn carrier_key(caller: &CallerId, key: &IdempotencyKey) -> String {
-    format!("carrier:{caller}:{}", key.digest())
+/// Derived from the intent itself, any number of idempotency keys for one
+/// parcel (a client that makes a new key per retry, two services racing for
+/// the same parcel, several instances) reach the carrier as one purchase,
+/// and the carrier's own idempotency returns that purchase to every one of
+/// them. It carries the caller because two callers' order numbers are
+/// unrelated. No caller's key leaves the service.
+pub fn carrier_key(caller: &CallerId, parcel: Parcel) -> String {
+    format!(
+        "parcel:{caller}:{}:{}:v{}",
+        parcel.order_id, parcel.parcel_no, parcel.label_version
+    )
 }
 
 /// What the Label service asks the carrier for.

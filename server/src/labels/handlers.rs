@@ -88,7 +88,7 @@ pub async fn create_label(State(state): State<AppState>, attempt: Attempt, body:
     let outcome = state
         .carrier
         .buy(
-            &carrier_key(&lease.caller, &lease.key),
+            &carrier_key(&lease.caller, request.parcel()),
             &CarrierLabelRequest::from(&request),
         )
         .await;

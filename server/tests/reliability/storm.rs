@@ -108,3 +108,80 @@ async fn a_storm_on_one_key_buys_one_label_redis() {
 async fn a_storm_on_one_key_buys_one_label_postgres() {
     storm(Backend::Postgres).await;
 }
+
+/// Requests for one parcel, each with a key of its own, sent at once.
+const PARCEL_STORM_REQUESTS: usize = 50;
+
+/// Many keys, one parcel: the downstream key comes from the intent, so
+/// however many keys race for one parcel, the carrier sells one label and
+/// every request ends with it. Every answer is that label (201) or a 503
+/// `downstream_unavailable` (its carrier call met the first one in flight);
+/// retried with the same key, each of those gets the label too.
+async fn many_keys_one_parcel(backend: Backend) {
+    let setup = BackendSetup::start(backend).await;
+    let options = ServiceOptions {
+        simulator: SimulatorConfig {
+            latency_ms_min: 300,
+            latency_ms_max: 300,
+            ..SimulatorConfig::default()
+        },
+        ..ServiceOptions::default()
+    };
+    let service = Service::start(&setup, options).await;
+    let http = storm_client(PARCEL_STORM_REQUESTS);
+    let order_id = unique_order_id();
+    let body = label_body(order_id, 1);
+    let keys: Vec<String> = (0..PARCEL_STORM_REQUESTS)
+        .map(|number| format!("{}:client-{number}", derived_key(order_id, 1)))
+        .collect();
+    let send_all = |keys: Vec<String>| {
+        let (http, base, body) = (&http, &service.base, &body);
+        futures::future::join_all(keys.into_iter().map(move |key| async move {
+            let reply = LabelPost::new(&key, body).send(http, base).await.expect("answered");
+            (key, reply)
+        }))
+    };
+    let mut label_ids = std::collections::BTreeSet::new();
+    let mut pending: Vec<String> = keys;
+    for round in 0..5 {
+        let mut retry = Vec::new();
+        for (key, reply) in send_all(pending).await {
+            match reply.status {
+                201 => {
+                    label_ids.insert(reply.label_id());
+                }
+                503 if reply.code() == "downstream_unavailable" => retry.push(key),
+                status => panic!("{backend:?} round {round}: {status}: {}", reply.text()),
+            }
+        }
+        if retry.is_empty() {
+            break;
+        }
+        pending = retry;
+        tokio::time::sleep(Duration::from_millis(400)).await;
+    }
+    assert_eq!(
+        label_ids.len(),
+        1,
+        "{backend:?}: one label for the parcel, got {label_ids:?}"
+    );
+    let stats = service.carrier_stats(&http).await;
+    assert_eq!(stats.purchases_total, 1, "{backend:?}: one purchase, got {stats:?}");
+    let census = service.census().await;
+    assert_eq!(census.labels_of(ALICE_ID, order_id, 1).len(), 1, "{backend:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_keys_for_one_parcel_buy_one_label_embedded() {
+    many_keys_one_parcel(Backend::Embedded).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_keys_for_one_parcel_buy_one_label_redis() {
+    many_keys_one_parcel(Backend::Redis).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_keys_for_one_parcel_buy_one_label_postgres() {
+    many_keys_one_parcel(Backend::Postgres).await;
+}
