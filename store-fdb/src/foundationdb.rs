@@ -190,8 +190,26 @@ unsafe extern "C" {
     safe fn atexit(callback: extern "C" fn()) -> std::ffi::c_int;
 }
 
+/// Stops the network at exit, from a thread of its own: glibc's `exit`
+/// destroys the exiting thread's thread-local storage before it runs the
+/// `atexit` handlers, and libfdb_c's stop writes a trace event through a
+/// thread-local random generator, so stopping on the exiting thread itself
+/// crashed every test binary at exit (SIGSEGV in `deterministicRandom`,
+/// seen with libfdb_c 7.3.79). A fresh thread has all its own.
 extern "C" fn stop_network_on_exit() {
-    FoundationDbNetwork::stop();
+    let stopper = std::thread::Builder::new()
+        .name("fdb-network-stop".into())
+        .spawn(FoundationDbNetwork::stop);
+    match stopper {
+        Ok(stopper) => {
+            if stopper.join().is_err() {
+                tracing::warn!("stopping the FoundationDB network at exit panicked");
+            }
+        }
+        // No thread to spare: stopping here may crash, but not stopping at
+        // all breaks the C API's contract for certain.
+        Err(_) => FoundationDbNetwork::stop(),
+    }
 }
 
 /// Registers the stop to run at exit. C runs exit handlers in reverse order
@@ -201,6 +219,18 @@ fn stop_network_at_exit() {
     if atexit(stop_network_on_exit) != 0 {
         tracing::warn!("could not register the FoundationDB network stop at exit");
     }
+}
+
+/// Registers the stop at exit once more, after the first transaction of
+/// the process: libfdb_c creates some of its statics lazily while it works
+/// (e.g. its counter registry, which the network thread reads on its way
+/// out), and C destroys each of them before every exit handler registered
+/// earlier than it. Registered at start only, the stop ran after those
+/// destructors and crashed the process at exit (SIGSEGV in
+/// `simpleCounterReport`, libfdb_c 7.3.79). Stopping twice is harmless.
+fn stop_network_at_exit_after_first_transaction() {
+    static REGISTERED: std::sync::Once = std::sync::Once::new();
+    REGISTERED.call_once(stop_network_at_exit);
 }
 
 // ---- Errors ------------------------------------------------------------------
@@ -494,6 +524,7 @@ impl Engine for FoundationDbEngine {
             .database
             .run(|trx, previous| async move { state_ref.attempt(trx, previous, options, body_ref).await })
             .await;
+        stop_network_at_exit_after_first_transaction();
         result.map_err(|error| state.store_error(error, options))
     }
 }
