@@ -37,7 +37,7 @@ use crate::engine::{
 use crate::store::FdbStore;
 use ::foundationdb::api::{FdbApiBuilder, NetworkAutoStop};
 use ::foundationdb::directory::{Directory, DirectoryError, DirectoryLayer};
-use ::foundationdb::options::{StreamingMode, TransactionOption};
+use ::foundationdb::options::{NetworkOption, StreamingMode, TransactionOption};
 use ::foundationdb::tuple::hca::HcaError;
 use ::foundationdb::{Database, FdbBindingError, FdbError, KeySelector, RangeOption, RetryableTransaction};
 use std::future::Future;
@@ -102,8 +102,21 @@ impl FoundationDbNetwork {
     /// `libfdb_c` does not support that version, or if the network was
     /// stopped or failed earlier in this process.
     pub fn start() -> Result<Self, StoreError> {
+        Self::start_with_options(Vec::new())
+    }
+
+    /// [`start`](Self::start), with network options set before the network
+    /// boots: for a process of its own that needs them, e.g. a test binary
+    /// that turns on FoundationDB's client fault injection
+    /// (`NetworkOption::ClientBuggifyEnable`). Options apply to the whole
+    /// process and only at boot, so with options this refuses to answer for
+    /// a network that is already running.
+    pub fn start_with_options(options: Vec<NetworkOption>) -> Result<Self, StoreError> {
         let mut state = network_state();
         match &*state {
+            NetworkState::Running(_) if !options.is_empty() => {
+                return Err(network_refused("is already running; options apply only at boot"));
+            }
             NetworkState::Running(_) => return Ok(Self { _started: () }),
             NetworkState::Stopped => return Err(network_refused("was stopped; it cannot restart in this process")),
             NetworkState::Failed(detail) => {
@@ -111,7 +124,7 @@ impl FoundationDbNetwork {
             }
             NetworkState::NotStarted => {}
         }
-        match boot_network() {
+        match boot_network(options) {
             Ok(guard) => {
                 *state = NetworkState::Running(guard);
                 NETWORK_RUNNING.store(true, Ordering::Release);
@@ -165,11 +178,14 @@ fn network_refused(detail: impl Into<String>) -> StoreError {
 
 /// Selects the API version and starts the network thread. `start` calls it
 /// at most once per process, under the state lock.
-fn boot_network() -> Result<NetworkAutoStop, FdbError> {
+fn boot_network(options: Vec<NetworkOption>) -> Result<NetworkAutoStop, FdbError> {
     // `build` selects the API version (error 2203 if libfdb_c is older than
     // the version this build asks for); it panics only on a second call,
     // which the state lock rules out.
-    let network = FdbApiBuilder::default().build()?;
+    let mut network = FdbApiBuilder::default().build()?;
+    for option in options {
+        network = network.set_option(option)?;
+    }
     // SAFETY: `NetworkBuilder::boot` starts FoundationDB's network thread,
     // and its contract is that the returned guard is dropped (stopping and
     // joining the thread) before the process exits. The guard lives in
