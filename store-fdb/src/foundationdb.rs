@@ -237,16 +237,21 @@ fn stop_network_at_exit() {
     }
 }
 
-/// Registers the stop at exit once more, after the first transaction of
-/// the process: libfdb_c creates some of its statics lazily while it works
-/// (e.g. its counter registry, which the network thread reads on its way
-/// out), and C destroys each of them before every exit handler registered
-/// earlier than it. Registered at start only, the stop ran after those
-/// destructors and crashed the process at exit (SIGSEGV in
+/// Registers the stop at exit once more, when the first run of the process
+/// ends (committed, failed, or dropped unfinished, e.g. by a caller's
+/// timeout while no cluster answers): libfdb_c creates some of its statics
+/// lazily while it works (e.g. its counter registry, which the network
+/// thread reads on its way out), and C destroys each of them before every
+/// exit handler registered earlier. Registered at start only, the stop ran
+/// after those destructors and crashed the process at exit (SIGSEGV in
 /// `simpleCounterReport`, libfdb_c 7.3.79). Stopping twice is harmless.
-fn stop_network_at_exit_after_first_transaction() {
-    static REGISTERED: std::sync::Once = std::sync::Once::new();
-    REGISTERED.call_once(stop_network_at_exit);
+struct StopAtExitAfterFirstRun;
+
+impl Drop for StopAtExitAfterFirstRun {
+    fn drop(&mut self) {
+        static REGISTERED: std::sync::Once = std::sync::Once::new();
+        REGISTERED.call_once(stop_network_at_exit);
+    }
 }
 
 // ---- Errors ------------------------------------------------------------------
@@ -536,11 +541,11 @@ impl Engine for FoundationDbEngine {
         }
         let state = RunState::default();
         let (state_ref, body_ref) = (&state, &body);
+        let _stop_at_exit = StopAtExitAfterFirstRun;
         let result = self
             .database
             .run(|trx, previous| async move { state_ref.attempt(trx, previous, options, body_ref).await })
             .await;
-        stop_network_at_exit_after_first_transaction();
         result.map_err(|error| state.store_error(error, options))
     }
 }
