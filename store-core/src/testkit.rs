@@ -363,17 +363,26 @@ pub async fn storm_of_concurrent_claims_yields_exactly_one_acquired(store: Share
             })
         })
         .collect();
-    let mut acquired = 0;
+    let started = std::time::Instant::now();
+    let (mut fresh, mut takeovers) = (0, 0);
     for task in tasks {
         match task.await.expect("storm task") {
-            ClaimOutcome::Acquired(_) => acquired += 1,
+            ClaimOutcome::Acquired(acquired) if acquired.takeover => takeovers += 1,
+            ClaimOutcome::Acquired(_) => fresh += 1,
             ClaimOutcome::InProgress { .. } => {}
             other => panic!("unexpected storm outcome {other:?}"),
         }
     }
+    let storm_ms = started.elapsed().as_millis();
     assert_eq!(
-        acquired, 1,
-        "{acquired} of {STORM_CLAIMS} concurrent claims acquired the key"
+        fresh, 1,
+        "{fresh} of {STORM_CLAIMS} concurrent claims acquired the key as new"
+    );
+    // A claim retried (after conflicts) past the winner's lease takes the
+    // key over, as it should: only a storm longer than the lease may see it.
+    assert!(
+        takeovers == 0 || storm_ms > u128::from(TEST_LEASE_MS),
+        "{takeovers} claims took over a lease of {TEST_LEASE_MS} ms within {storm_ms} ms"
     );
 }
 

@@ -37,7 +37,7 @@ use crate::engine::{
 use crate::store::FdbStore;
 use ::foundationdb::api::{FdbApiBuilder, NetworkAutoStop};
 use ::foundationdb::directory::{Directory, DirectoryError, DirectoryLayer};
-use ::foundationdb::options::{StreamingMode, TransactionOption};
+use ::foundationdb::options::{NetworkOption, StreamingMode, TransactionOption};
 use ::foundationdb::tuple::hca::HcaError;
 use ::foundationdb::{Database, FdbBindingError, FdbError, KeySelector, RangeOption, RetryableTransaction};
 use std::future::Future;
@@ -102,8 +102,21 @@ impl FoundationDbNetwork {
     /// `libfdb_c` does not support that version, or if the network was
     /// stopped or failed earlier in this process.
     pub fn start() -> Result<Self, StoreError> {
+        Self::start_with_options(Vec::new())
+    }
+
+    /// [`start`](Self::start), with network options set before the network
+    /// boots: for a process of its own that needs them, e.g. a test binary
+    /// that turns on FoundationDB's client fault injection
+    /// (`NetworkOption::ClientBuggifyEnable`). Options apply to the whole
+    /// process and only at boot, so with options this refuses to answer for
+    /// a network that is already running.
+    pub fn start_with_options(options: Vec<NetworkOption>) -> Result<Self, StoreError> {
         let mut state = network_state();
         match &*state {
+            NetworkState::Running(_) if !options.is_empty() => {
+                return Err(network_refused("is already running; options apply only at boot"));
+            }
             NetworkState::Running(_) => return Ok(Self { _started: () }),
             NetworkState::Stopped => return Err(network_refused("was stopped; it cannot restart in this process")),
             NetworkState::Failed(detail) => {
@@ -111,7 +124,7 @@ impl FoundationDbNetwork {
             }
             NetworkState::NotStarted => {}
         }
-        match boot_network() {
+        match boot_network(options) {
             Ok(guard) => {
                 *state = NetworkState::Running(guard);
                 NETWORK_RUNNING.store(true, Ordering::Release);
@@ -165,11 +178,14 @@ fn network_refused(detail: impl Into<String>) -> StoreError {
 
 /// Selects the API version and starts the network thread. `start` calls it
 /// at most once per process, under the state lock.
-fn boot_network() -> Result<NetworkAutoStop, FdbError> {
+fn boot_network(options: Vec<NetworkOption>) -> Result<NetworkAutoStop, FdbError> {
     // `build` selects the API version (error 2203 if libfdb_c is older than
     // the version this build asks for); it panics only on a second call,
     // which the state lock rules out.
-    let network = FdbApiBuilder::default().build()?;
+    let mut network = FdbApiBuilder::default().build()?;
+    for option in options {
+        network = network.set_option(option)?;
+    }
     // SAFETY: `NetworkBuilder::boot` starts FoundationDB's network thread,
     // and its contract is that the returned guard is dropped (stopping and
     // joining the thread) before the process exits. The guard lives in
@@ -190,8 +206,26 @@ unsafe extern "C" {
     safe fn atexit(callback: extern "C" fn()) -> std::ffi::c_int;
 }
 
+/// Stops the network at exit, from a thread of its own: glibc's `exit`
+/// destroys the exiting thread's thread-local storage before it runs the
+/// `atexit` handlers, and libfdb_c's stop writes a trace event through a
+/// thread-local random generator, so stopping on the exiting thread itself
+/// crashed every test binary at exit (SIGSEGV in `deterministicRandom`,
+/// seen with libfdb_c 7.3.79). A fresh thread has all its own.
 extern "C" fn stop_network_on_exit() {
-    FoundationDbNetwork::stop();
+    let stopper = std::thread::Builder::new()
+        .name("fdb-network-stop".into())
+        .spawn(FoundationDbNetwork::stop);
+    match stopper {
+        Ok(stopper) => {
+            if stopper.join().is_err() {
+                tracing::warn!("stopping the FoundationDB network at exit panicked");
+            }
+        }
+        // No thread to spare: stopping here may crash, but not stopping at
+        // all breaks the C API's contract for certain.
+        Err(_) => FoundationDbNetwork::stop(),
+    }
 }
 
 /// Registers the stop to run at exit. C runs exit handlers in reverse order
@@ -200,6 +234,23 @@ extern "C" fn stop_network_on_exit() {
 fn stop_network_at_exit() {
     if atexit(stop_network_on_exit) != 0 {
         tracing::warn!("could not register the FoundationDB network stop at exit");
+    }
+}
+
+/// Registers the stop at exit once more, when the first run of the process
+/// ends (committed, failed, or dropped unfinished, e.g. by a caller's
+/// timeout while no cluster answers): libfdb_c creates some of its statics
+/// lazily while it works (e.g. its counter registry, which the network
+/// thread reads on its way out), and C destroys each of them before every
+/// exit handler registered earlier. Registered at start only, the stop ran
+/// after those destructors and crashed the process at exit (SIGSEGV in
+/// `simpleCounterReport`, libfdb_c 7.3.79). Stopping twice is harmless.
+struct StopAtExitAfterFirstRun;
+
+impl Drop for StopAtExitAfterFirstRun {
+    fn drop(&mut self) {
+        static REGISTERED: std::sync::Once = std::sync::Once::new();
+        REGISTERED.call_once(stop_network_at_exit);
     }
 }
 
@@ -490,6 +541,7 @@ impl Engine for FoundationDbEngine {
         }
         let state = RunState::default();
         let (state_ref, body_ref) = (&state, &body);
+        let _stop_at_exit = StopAtExitAfterFirstRun;
         let result = self
             .database
             .run(|trx, previous| async move { state_ref.attempt(trx, previous, options, body_ref).await })

@@ -13,11 +13,16 @@ pub mod engine;
 pub mod foundationdb;
 pub mod keys;
 pub mod store;
+#[cfg(feature = "testkit")]
+pub mod testkit;
 
 #[cfg(feature = "foundationdb")]
 pub use self::foundationdb::{
     FoundationDbConfig, FoundationDbEngine, FoundationDbNetwork, FoundationDbStore, KeyPrefix,
 };
+/// FoundationDB's network options, for [`FoundationDbNetwork::start_with_options`].
+#[cfg(feature = "foundationdb")]
+pub use ::foundationdb::options::NetworkOption;
 pub use embedded::{Durability, EmbeddedConfig, EmbeddedEngine, FaultPlan};
 pub use engine::{Engine, EngineError, EngineErrorKind, MaybeCommitted, RunOptions, Transaction, TxError};
 pub use keys::KeyLayout;

@@ -14,7 +14,7 @@ use crate::keys::{KIND_RECORD, KIND_TOMBSTONE, KeyLayout, RECORD_CHUNK_BYTES_MAX
 use async_trait::async_trait;
 use futures::future::BoxFuture;
 use std::future::Future;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use store_core::machine::{self, CompletionFence, Found, Step, Write};
 use store_core::{
     CallerId, ClaimOutcome, ClaimRequest, Fenced, HeldLease, IdempotencyKey, IdempotencyStore, PURGE_BATCH_MAX, Policy,
@@ -25,8 +25,14 @@ use store_core::{
 pub const PURGE_ENTRIES_PER_TRANSACTION: usize = 64;
 /// Record bytes one purge transaction reads at most (it stops after the
 /// record that crosses it): with the entry cap, this keeps a purge far below
-/// FoundationDB's 5 s and 10 MB limits even when every record is large.
+/// FoundationDB's 10 MB limit even when every record is large.
 pub const PURGE_READ_BYTES_PER_TRANSACTION_MAX: usize = 1_000_000;
+/// Age at which a purge transaction takes no more entries and commits what it
+/// has: FoundationDB refuses a transaction older than 5 s
+/// (`TRANSACTION_MS_MAX`), and a slow cluster would otherwise fail the same
+/// batch on every retry. The rest of the 5 s is for the last read and the
+/// commit; the next transaction carries on.
+pub const PURGE_TRANSACTION_MS_MAX: u64 = 2_000;
 
 /// What one purge transaction did.
 #[derive(Debug, Default)]
@@ -222,10 +228,13 @@ impl<E: Engine> FdbStore<E> {
     }
 
     /// One purge transaction over one shard: up to `limit` due index entries,
-    /// and no more record bytes than `PURGE_READ_BYTES_PER_TRANSACTION_MAX`.
+    /// no more record bytes than `PURGE_READ_BYTES_PER_TRANSACTION_MAX`, and
+    /// no new entry once the transaction is `PURGE_TRANSACTION_MS_MAX` old.
+    /// It always handles at least one entry, so purging makes progress.
     async fn purge_shard_batch(&self, shard: u16, limit: usize) -> Result<PurgeBatch, StoreError> {
         self.engine
             .run(self.run_options, |tx, _maybe_committed: MaybeCommitted| async move {
+                let started = Instant::now();
                 let now = now_ms();
                 let (begin, end) = self.layout.expiry_due_range(shard, now);
                 let entries = tx.get_range(&begin, &end, limit).await?;
@@ -234,8 +243,10 @@ impl<E: Engine> FdbStore<E> {
                     ..PurgeBatch::default()
                 };
                 let mut bytes_read = 0;
+                let age_max = Duration::from_millis(PURGE_TRANSACTION_MS_MAX);
                 for (index_key, _) in &entries {
-                    if bytes_read >= PURGE_READ_BYTES_PER_TRANSACTION_MAX {
+                    let full = bytes_read >= PURGE_READ_BYTES_PER_TRANSACTION_MAX || started.elapsed() >= age_max;
+                    if full && batch.entries > 0 {
                         batch.drained = false;
                         break;
                     }

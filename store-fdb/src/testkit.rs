@@ -1,0 +1,726 @@
+//! The FDB-style store's own test suite, written once and run on every
+//! engine (feature `testkit`): purge in bounded transactions, effects
+//! committed with their completion, FoundationDB's limits, conflicts, and a
+//! fault audit. store-core's conformance suite checks the store API; this
+//! checks what is particular to the store written against FoundationDB's
+//! transaction model.
+//!
+//! One function per behaviour, each taking a [`TestEngine`] (an engine and
+//! the key prefix it may use); [`store_tests!`](crate::store_tests) expands
+//! them into tests for a factory `async fn() -> TestEngine<E>`.
+//! [`ObservedEngine`] wraps any engine to count runs, attempts and
+//! attempts after an unknown commit result, and to slow its reads down.
+
+use crate::engine::{
+    Engine, EngineError, KEY_BYTES_MAX, KeyValue, MaybeCommitted, RunOptions, TRANSACTION_BYTES_MAX,
+    TRANSACTION_MS_MAX, Transaction, TxError, VALUE_BYTES_MAX,
+};
+use crate::keys::EXPIRY_SHARDS;
+use crate::store::{FdbStore, PURGE_TRANSACTION_MS_MAX};
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
+use store_core::{
+    CallerId, ClaimOutcome, ClaimRequest, Fenced, Fingerprint, IdempotencyKey, IdempotencyStore, Policy, RecordState,
+    SavedResponse, StoreError,
+};
+
+/// Lease of the purge behaviours' policy.
+pub const PURGE_LEASE_MS: u64 = 100;
+/// Retention of the purge behaviours' policy: short, so records expire in
+/// the test's time.
+pub const PURGE_RETENTION_MS: u64 = 300;
+/// Tombstone window of the purge behaviours' policy.
+pub const PURGE_TOMBSTONE_MS: u64 = 400;
+/// Intents the fault audit drives by default; raise with IDEM_FAULT_INTENTS.
+pub const FAULT_INTENTS_DEFAULT: usize = 300;
+/// Tries a client of the fault audit makes per intent before giving up.
+pub const FAULT_INTENT_TRIES_MAX: usize = 20;
+/// Added to every read of the slow-purge behaviour: with
+/// `SLOW_PURGE_RECORDS` records in one shard, one transaction handling them
+/// all would live past FoundationDB's 5 s.
+pub const SLOW_PURGE_READ_DELAY_MS: u64 = 90;
+pub const SLOW_PURGE_RECORDS: usize = 60;
+
+/// An engine for one test, and the key prefix the test may write under
+/// (fresh per test on a shared cluster, so tests never see each other).
+pub struct TestEngine<E: Engine> {
+    pub engine: E,
+    pub prefix: Vec<u8>,
+}
+
+impl<E: Engine> TestEngine<E> {
+    pub fn store(self, policy: Policy) -> FdbStore<E> {
+        FdbStore::new(self.engine, &self.prefix, policy)
+    }
+
+    pub fn observed(self) -> TestEngine<ObservedEngine<E>> {
+        TestEngine {
+            engine: ObservedEngine::new(self.engine),
+            prefix: self.prefix,
+        }
+    }
+
+    /// A raw key under this test's prefix.
+    pub fn key(&self, name: &[u8]) -> Vec<u8> {
+        [self.prefix.as_slice(), b"/raw/", name].concat()
+    }
+}
+
+/// The policy of the purge behaviours.
+pub fn purge_policy() -> Policy {
+    Policy::new(PURGE_LEASE_MS, PURGE_RETENTION_MS, PURGE_TOMBSTONE_MS).expect("purge policy is valid")
+}
+
+/// The purge policy with tombstones that outlive the test, for behaviours
+/// that count transactions: a tombstone falling due during the purge that
+/// wrote it would add entries to handle.
+pub fn purge_policy_lasting_tombstones() -> Policy {
+    Policy::new(PURGE_LEASE_MS, PURGE_RETENTION_MS, 60_000).expect("purge policy is valid")
+}
+
+// ---- An engine that counts and slows down -------------------------------------
+
+/// What an [`ObservedEngine`] counted.
+#[derive(Debug, Default)]
+pub struct RunCounters {
+    /// Calls of `run`.
+    pub runs: AtomicU64,
+    /// Attempts (bodies started), retries included.
+    pub attempts: AtomicU64,
+    /// Attempts told that an earlier attempt of their run may have committed.
+    pub attempts_after_unknown_result: AtomicU64,
+}
+
+/// Any engine, counting what its runs do and optionally delaying every read.
+pub struct ObservedEngine<E> {
+    inner: E,
+    counters: Arc<RunCounters>,
+    read_delay_ms: Arc<AtomicU64>,
+}
+
+impl<E: Engine> ObservedEngine<E> {
+    pub fn new(inner: E) -> Self {
+        Self {
+            inner,
+            counters: Arc::default(),
+            read_delay_ms: Arc::default(),
+        }
+    }
+
+    pub fn counters(&self) -> &RunCounters {
+        &self.counters
+    }
+
+    /// Delays every later read (point or range) by `delay_ms`.
+    pub fn delay_reads(&self, delay_ms: u64) {
+        self.read_delay_ms.store(delay_ms, Ordering::Relaxed);
+    }
+}
+
+/// A transaction of an [`ObservedEngine`].
+#[derive(Clone)]
+pub struct ObservedTx<T> {
+    inner: T,
+    read_delay_ms: u64,
+}
+
+impl<T: Transaction> ObservedTx<T> {
+    async fn delay(&self) {
+        if self.read_delay_ms > 0 {
+            tokio::time::sleep(Duration::from_millis(self.read_delay_ms)).await;
+        }
+    }
+}
+
+impl<T: Transaction> Transaction for ObservedTx<T> {
+    async fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, EngineError> {
+        self.delay().await;
+        self.inner.get(key).await
+    }
+
+    async fn get_range(&self, begin: &[u8], end: &[u8], limit: usize) -> Result<Vec<KeyValue>, EngineError> {
+        self.delay().await;
+        self.inner.get_range(begin, end, limit).await
+    }
+
+    fn set(&self, key: &[u8], value: &[u8]) -> Result<(), EngineError> {
+        self.inner.set(key, value)
+    }
+
+    fn clear(&self, key: &[u8]) -> Result<(), EngineError> {
+        self.inner.clear(key)
+    }
+
+    async fn clear_range(&self, begin: &[u8], end: &[u8]) -> Result<(), EngineError> {
+        self.inner.clear_range(begin, end).await
+    }
+}
+
+impl<E: Engine> Engine for ObservedEngine<E> {
+    type Tx = ObservedTx<E::Tx>;
+
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+
+    async fn run<T, F, Fut>(&self, options: RunOptions, body: F) -> Result<T, StoreError>
+    where
+        T: Send,
+        F: Fn(Self::Tx, MaybeCommitted) -> Fut + Send + Sync,
+        Fut: Future<Output = Result<T, TxError>> + Send,
+    {
+        self.counters.runs.fetch_add(1, Ordering::Relaxed);
+        let (counters, body) = (&self.counters, &body);
+        let read_delay_ms = self.read_delay_ms.load(Ordering::Relaxed);
+        self.inner
+            .run(options, move |tx, maybe_committed| {
+                counters.attempts.fetch_add(1, Ordering::Relaxed);
+                if maybe_committed == MaybeCommitted::Maybe {
+                    counters.attempts_after_unknown_result.fetch_add(1, Ordering::Relaxed);
+                }
+                body(
+                    ObservedTx {
+                        inner: tx,
+                        read_delay_ms,
+                    },
+                    maybe_committed,
+                )
+            })
+            .await
+    }
+}
+
+// ---- Helpers ------------------------------------------------------------------
+
+fn caller(name: &str) -> CallerId {
+    CallerId::new(format!("{name}-{:08x}", rand::random::<u32>())).expect("test caller id is valid")
+}
+
+fn key(text: &str) -> IdempotencyKey {
+    IdempotencyKey::new(text).expect("test key is valid")
+}
+
+async fn acquire<E: Engine>(store: &FdbStore<E>, request: &ClaimRequest) -> store_core::Acquired {
+    match store.claim(request).await.expect("claim") {
+        ClaimOutcome::Acquired(acquired) => acquired,
+        other => panic!("expected acquired, got {other:?}"),
+    }
+}
+
+/// Claims and completes `key` with `response`.
+async fn completed<E: Engine>(store: &FdbStore<E>, caller: &CallerId, key: &IdempotencyKey, response: SavedResponse) {
+    let request = ClaimRequest::new(caller.clone(), key.clone(), Fingerprint([3; 32]));
+    let acquired = acquire(store, &request).await;
+    let fenced = store.complete(&acquired.lease, response).await.expect("complete");
+    assert!(fenced.is_applied(), "completion of {key:?} did not apply");
+}
+
+fn done() -> SavedResponse {
+    SavedResponse::new(200, vec![], b"done".to_vec()).expect("small response")
+}
+
+/// `count` keys named `{stem}{i}` whose records share one expiry shard.
+fn keys_in_one_shard<E: Engine>(
+    store: &FdbStore<E>,
+    caller: &CallerId,
+    stem: &str,
+    count: usize,
+) -> Vec<IdempotencyKey> {
+    let shard_of = |key: &IdempotencyKey| store.layout().slot(caller, key.digest()).shard;
+    let wanted = shard_of(&key(&format!("{stem}0")));
+    (0..)
+        .map(|i| key(&format!("{stem}{i}")))
+        .filter(|key| shard_of(key) == wanted)
+        .take(count)
+        .collect()
+}
+
+async fn sleep_ms(ms: u64) {
+    tokio::time::sleep(Duration::from_millis(ms)).await;
+}
+
+// ---- Purge --------------------------------------------------------------------
+
+pub async fn purge_works_in_bounded_batches_and_tombstones_expire_in_turn<E: Engine>(test: TestEngine<E>) {
+    let store = test.store(purge_policy());
+    let caller = caller("purge");
+    for i in 0..10 {
+        completed(&store, &caller, &key(&format!("k{i}")), done()).await;
+    }
+    sleep_ms(PURGE_RETENTION_MS + 50).await;
+
+    let first = store.purge_expired(4).await.unwrap();
+    assert_eq!((first.records_purged, first.more), (4, true));
+    let rest = store.purge_expired(100).await.unwrap();
+    assert_eq!((rest.records_purged, rest.more), (6, false));
+    assert_eq!(
+        store.purge_expired(100).await.unwrap().records_purged,
+        0,
+        "nothing left to purge"
+    );
+
+    // Inside the tombstone window a repeat is reported late. Abandoned, it
+    // leaves the tombstone in place.
+    let late = ClaimRequest::new(caller.clone(), key("k0"), Fingerprint([3; 32]));
+    let acquired = acquire(&store, &late).await;
+    assert!(acquired.late_key);
+    assert!(store.abandon(&acquired.lease).await.unwrap().is_applied());
+
+    // After the window the tombstones are swept and a new key is just new.
+    sleep_ms(PURGE_TOMBSTONE_MS + 50).await;
+    let swept = store.purge_expired(100).await.unwrap();
+    assert_eq!((swept.records_purged, swept.tombstones_purged), (0, 10));
+    let again = ClaimRequest::new(caller.clone(), key("k1"), Fingerprint([3; 32]));
+    assert!(!acquire(&store, &again).await.late_key);
+}
+
+pub async fn a_record_whose_retention_was_extended_is_not_purged_by_its_old_index_entry<E: Engine>(
+    test: TestEngine<E>,
+) {
+    let store = test.store(purge_policy());
+    let caller = caller("purge");
+    let request = ClaimRequest::new(caller.clone(), key("slow"), Fingerprint([4; 32]));
+    let acquired = acquire(&store, &request).await;
+    // Complete just before the claim's expiry: retention restarts from now.
+    sleep_ms(PURGE_RETENTION_MS - 100).await;
+    let response = SavedResponse::new(200, vec![], b"late".to_vec()).unwrap();
+    let fenced = store.complete(&acquired.lease, response.clone()).await.unwrap();
+    assert!(fenced.is_applied());
+    sleep_ms(150).await;
+    assert_eq!(store.purge_expired(100).await.unwrap().records_purged, 0);
+    assert_eq!(store.claim(&request).await.unwrap(), ClaimOutcome::Replay(response));
+}
+
+/// Four records of 600 KB in one shard: a purge transaction stops reading
+/// once it has read 1 MB, so that shard takes two transactions.
+pub async fn large_records_are_purged_across_several_byte_bounded_transactions<E: Engine>(test: TestEngine<E>) {
+    let store = test.observed().store(purge_policy_lasting_tombstones());
+    let caller = caller("purge-large");
+    let keys = keys_in_one_shard(&store, &caller, "big", 4);
+    let body = vec![7; 600_000];
+    for key in &keys {
+        completed(
+            &store,
+            &caller,
+            key,
+            SavedResponse::new(200, vec![], body.clone()).unwrap(),
+        )
+        .await;
+    }
+    sleep_ms(PURGE_RETENTION_MS + 50).await;
+    let runs_before = store.engine().counters().runs.load(Ordering::Relaxed);
+    let report = store.purge_expired(100).await.unwrap();
+    let runs = store.engine().counters().runs.load(Ordering::Relaxed) - runs_before;
+    assert_eq!((report.records_purged, report.more), (4, false));
+    assert_eq!(
+        runs,
+        u64::from(EXPIRY_SHARDS) + 1,
+        "one transaction per shard, and one more for the shard of the large records"
+    );
+    for key in &keys {
+        assert_eq!(store.inspect(&caller, key).await.unwrap(), None);
+    }
+}
+
+/// Reads slowed down so that one transaction over all the shard's records
+/// would pass FoundationDB's 5 s: the purge splits the batch by age and
+/// succeeds, instead of failing `transaction_too_old` on every retry.
+pub async fn a_slow_purge_is_split_before_five_seconds<E: Engine>(test: TestEngine<E>) {
+    let records_ms = SLOW_PURGE_READ_DELAY_MS * SLOW_PURGE_RECORDS as u64;
+    assert!(
+        records_ms > TRANSACTION_MS_MAX,
+        "the behaviour needs a batch that would pass 5 s"
+    );
+    let store = test.observed().store(purge_policy_lasting_tombstones());
+    let caller = caller("purge-slow");
+    for key in keys_in_one_shard(&store, &caller, "slow", SLOW_PURGE_RECORDS) {
+        completed(&store, &caller, &key, done()).await;
+    }
+    sleep_ms(PURGE_RETENTION_MS + 50).await;
+    store.engine().delay_reads(SLOW_PURGE_READ_DELAY_MS);
+    let runs_before = store.engine().counters().runs.load(Ordering::Relaxed);
+    let report = store
+        .purge_expired(100)
+        .await
+        .expect("a slow purge is split, not failed");
+    let runs = store.engine().counters().runs.load(Ordering::Relaxed) - runs_before;
+    assert_eq!((report.records_purged, report.more), (SLOW_PURGE_RECORDS as u64, false));
+    let batches_min = records_ms.div_ceil(PURGE_TRANSACTION_MS_MAX);
+    assert!(
+        runs >= u64::from(EXPIRY_SHARDS) - 1 + batches_min,
+        "{runs} transactions: the slow shard took fewer than {batches_min}"
+    );
+}
+
+// ---- Effects committed with their completion ----------------------------------
+
+/// The effect of the audits: increments a counter in the completing
+/// transaction. A duplicated effect shows as a count above one.
+async fn count_effect<T: Transaction>(tx: T, counter_key: Vec<u8>) -> Result<SavedResponse, TxError> {
+    let current = read_count(&tx, &counter_key).await?;
+    tx.set(&counter_key, &(current + 1).to_be_bytes())?;
+    Ok(SavedResponse::new(201, vec![], counter_key).expect("small response"))
+}
+
+async fn read_count<T: Transaction>(tx: &T, counter_key: &[u8]) -> Result<u64, TxError> {
+    let Some(bytes) = tx.get(counter_key).await? else {
+        return Ok(0);
+    };
+    let bytes: [u8; 8] = bytes.as_slice().try_into().expect("a counter is 8 bytes");
+    Ok(u64::from_be_bytes(bytes))
+}
+
+fn counter_key<E: Engine>(store: &FdbStore<E>, intent: usize) -> Vec<u8> {
+    store.layout().effects().pack(&("count", intent as u64))
+}
+
+async fn effect_count<E: Engine>(store: &FdbStore<E>, intent: usize) -> u64 {
+    let key = &counter_key(store, intent);
+    let read = || {
+        store
+            .engine()
+            .run(RunOptions::default(), |tx, _| async move { read_count(&tx, key).await })
+    };
+    retrying("read counter", read).await
+}
+
+/// A read of the audit, made again on retryable errors as a client would:
+/// injected faults hit the audit's own reads too.
+async fn retrying<T, Fut>(what: &str, read: impl Fn() -> Fut) -> T
+where
+    Fut: Future<Output = Result<T, StoreError>>,
+{
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        match read().await {
+            Ok(value) => return value,
+            Err(error) if error.is_retryable() && tries < FAULT_INTENT_TRIES_MAX => continue,
+            Err(error) => panic!("{what}: {error}"),
+        }
+    }
+}
+
+pub async fn complete_with_runs_the_effect_once_and_never_for_a_lost_lease<E: Engine>(test: TestEngine<E>) {
+    let store = test.store(store_core::testkit::policy());
+    let caller = caller("effects");
+    let attempt = || ClaimRequest::new(caller.clone(), key("k"), Fingerprint([6; 32]));
+    let first = acquire(&store, &attempt()).await;
+    assert!(store.release(&first.lease).await.unwrap().is_applied());
+    let second = acquire(&store, &attempt()).await;
+    assert!(second.takeover && second.lease.token != first.lease.token);
+    let (lost_key, held_key) = (counter_key(&store, 1), counter_key(&store, 2));
+    let ran = AtomicU32::new(0);
+    let lost = store
+        .complete_with(&first.lease, |tx| {
+            ran.fetch_add(1, Ordering::SeqCst);
+            count_effect(tx, lost_key.clone())
+        })
+        .await
+        .unwrap();
+    assert_eq!(lost, Fenced::LeaseLost);
+    assert_eq!(
+        ran.load(Ordering::SeqCst),
+        0,
+        "the effect ran for a lease that was lost"
+    );
+    assert_eq!(effect_count(&store, 1).await, 0, "a lost lease wrote its effect");
+    for _ in 0..2 {
+        // The second call is a retry of a call that committed: it returns
+        // the saved response without running the effect again.
+        let applied = store
+            .complete_with(&second.lease, |tx| count_effect(tx, held_key.clone()))
+            .await
+            .unwrap();
+        assert_eq!(
+            applied,
+            Fenced::Applied(SavedResponse::new(201, vec![], held_key.clone()).unwrap())
+        );
+    }
+    assert_eq!(effect_count(&store, 2).await, 1, "effects of the held lease");
+    let record = store.inspect(&caller, &key("k")).await.unwrap().expect("record");
+    assert!(
+        matches!(record.state, RecordState::Completed { completed_by, .. } if completed_by == second.lease.token),
+        "the record is completed by the lease that held it: {record:?}"
+    );
+}
+
+/// Claims and completes one intent with [`count_effect`], retrying the
+/// whole call on retryable errors as a client would.
+async fn run_intent<E: Engine>(store: &FdbStore<E>, caller: &CallerId, intent: usize) {
+    let request = ClaimRequest::new(caller.clone(), key(&format!("intent-{intent}")), Fingerprint([8; 32]));
+    let counter_key = &counter_key(store, intent);
+    for _ in 0..FAULT_INTENT_TRIES_MAX {
+        let lease = match store.claim(&request).await {
+            Ok(ClaimOutcome::Acquired(acquired)) => acquired.lease,
+            Ok(ClaimOutcome::Replay(_)) => return,
+            Ok(other) => panic!("intent {intent}: unexpected {other:?}"),
+            Err(error) if error.is_retryable() => continue,
+            Err(error) => panic!("intent {intent}: {error}"),
+        };
+        match store
+            .complete_with(&lease, |tx| count_effect(tx, counter_key.clone()))
+            .await
+        {
+            Ok(Fenced::Applied(_)) => return,
+            Ok(Fenced::LeaseLost) => panic!("intent {intent}: lease lost without a competitor"),
+            Err(error) if error.is_retryable() => continue,
+            Err(error) => panic!("intent {intent}: {error}"),
+        }
+    }
+    panic!("intent {intent} did not complete in {FAULT_INTENT_TRIES_MAX} tries");
+}
+
+/// Intents the fault audits drive: `IDEM_FAULT_INTENTS` or the default.
+pub fn fault_intents() -> usize {
+    std::env::var("IDEM_FAULT_INTENTS")
+        .ok()
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(FAULT_INTENTS_DEFAULT)
+}
+
+/// Drives `count` intents concurrently through `store` (whatever faults its
+/// engine injects), then checks that every intent's effect ran exactly once
+/// and every record is completed: no duplicated effect, no lost completion.
+pub async fn audit_intents<E: Engine>(store: Arc<FdbStore<E>>, count: usize) {
+    let caller = caller("faults");
+    let tasks: Vec<_> = (0..count)
+        .map(|intent| {
+            let (store, caller) = (store.clone(), caller.clone());
+            tokio::spawn(async move { run_intent(&store, &caller, intent).await })
+        })
+        .collect();
+    for task in tasks {
+        task.await.expect("intent task");
+    }
+    let mut effects_per_intent: HashMap<u64, usize> = HashMap::new();
+    for intent in 0..count {
+        *effects_per_intent
+            .entry(effect_count(&store, intent).await)
+            .or_default() += 1;
+        let intent_key = key(&format!("intent-{intent}"));
+        let record = retrying("inspect", || store.inspect(&caller, &intent_key))
+            .await
+            .expect("record");
+        assert!(
+            matches!(record.state, RecordState::Completed { .. }),
+            "intent {intent} not completed"
+        );
+    }
+    assert_eq!(
+        effects_per_intent,
+        HashMap::from([(1, count)]),
+        "effects per intent (count -> intents)"
+    );
+}
+
+// ---- FoundationDB's limits and conflicts --------------------------------------
+
+async fn run_error<E: Engine, T: Send>(engine: &E, body: impl Fn(E::Tx) -> Result<T, TxError> + Send + Sync) -> String {
+    let body = &body;
+    match engine.run(RunOptions::default(), |tx, _| async move { body(tx) }).await {
+        Ok(_) => "committed".to_owned(),
+        Err(error) => error.to_string(),
+    }
+}
+
+pub async fn foundationdb_limits_are_enforced_with_its_error_kinds<E: Engine>(test: TestEngine<E>) {
+    let key_of_length = |length: usize| {
+        let mut key = test.key(b"long-");
+        key.resize(length, b'k');
+        key
+    };
+    let (long_key, limit_key, small_key) = (
+        key_of_length(KEY_BYTES_MAX + 1),
+        key_of_length(KEY_BYTES_MAX),
+        test.key(b"v"),
+    );
+    let engine = &test.engine;
+    let big_value = vec![0; VALUE_BYTES_MAX + 1];
+    let too_long = run_error(engine, |tx| Ok(tx.set(&long_key, b"v")?)).await;
+    assert!(too_long.contains("KeyTooLarge (2102)"), "{too_long}");
+    let too_big = run_error(engine, |tx| Ok(tx.set(&small_key, &big_value)?)).await;
+    assert!(too_big.contains("ValueTooLarge (2103)"), "{too_big}");
+    let chunk = vec![0; VALUE_BYTES_MAX];
+    let too_much = run_error(engine, |tx| {
+        for i in 0..=(TRANSACTION_BYTES_MAX / VALUE_BYTES_MAX) {
+            tx.set(&test.key(format!("k{i}").as_bytes()), &chunk)?;
+        }
+        Ok(())
+    })
+    .await;
+    assert!(too_much.contains("TransactionTooLarge (2101)"), "{too_much}");
+    // At the limits exactly, everything commits.
+    assert_eq!(
+        run_error(engine, |tx| Ok(tx.set(&limit_key, &chunk)?)).await,
+        "committed"
+    );
+}
+
+pub async fn a_transaction_older_than_five_seconds_is_too_old<E: Engine>(test: TestEngine<E>) {
+    let key = &test.key(b"old");
+    let options = RunOptions {
+        retry_limit: 1,
+        timeout_ms: 10_000,
+    };
+    let result = test
+        .engine
+        .run(options, |tx, _| async move {
+            tx.get(key).await?;
+            sleep_ms(TRANSACTION_MS_MAX + 100).await;
+            tx.set(key, b"v")?;
+            Ok(())
+        })
+        .await;
+    let error = result.expect_err("a 5.1 s transaction must fail");
+    assert!(error.to_string().contains("TransactionTooOld (1007)"), "{error}");
+}
+
+pub async fn two_transactions_that_read_the_same_absent_key_and_insert_conflict<E: Engine>(test: TestEngine<E>) {
+    let slot = &test.key(b"slot");
+    let barrier = &tokio::sync::Barrier::new(2);
+    let attempts = &AtomicU32::new(0);
+    let options = RunOptions {
+        retry_limit: 2,
+        timeout_ms: 5_000,
+    };
+    let insert_if_absent = |value: &'static [u8]| {
+        test.engine.run(options, move |tx, _| async move {
+            let first_attempt = attempts.fetch_add(1, Ordering::SeqCst) < 2;
+            let existing = tx.get(slot).await?;
+            if first_attempt {
+                // Both first attempts read before either commits.
+                barrier.wait().await;
+            }
+            if existing.is_none() {
+                tx.set(slot, value)?;
+            }
+            Ok(existing.is_none())
+        })
+    };
+    let (a, b) = tokio::join!(insert_if_absent(b"a"), insert_if_absent(b"b"));
+    let inserted = [a.unwrap(), b.unwrap()];
+    assert_eq!(
+        inserted.iter().filter(|&&won| won).count(),
+        1,
+        "exactly one insert wins: {inserted:?}"
+    );
+    assert_eq!(
+        attempts.load(Ordering::SeqCst),
+        3,
+        "the loser retried once and found the key"
+    );
+}
+
+/// Expands to one `#[tokio::test]` per behaviour of this suite. `$open` is
+/// an async fn returning a [`TestEngine`].
+#[macro_export]
+macro_rules! store_tests {
+    ($open:path) => {
+        $crate::store_tests!(@each $open;
+            purge_works_in_bounded_batches_and_tombstones_expire_in_turn,
+            a_record_whose_retention_was_extended_is_not_purged_by_its_old_index_entry,
+            large_records_are_purged_across_several_byte_bounded_transactions,
+            a_slow_purge_is_split_before_five_seconds,
+            complete_with_runs_the_effect_once_and_never_for_a_lost_lease,
+            foundationdb_limits_are_enforced_with_its_error_kinds,
+            a_transaction_older_than_five_seconds_is_too_old,
+            two_transactions_that_read_the_same_absent_key_and_insert_conflict
+        );
+    };
+    (@each $open:path; $($behaviour:ident),*) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $behaviour() {
+                $crate::testkit::$behaviour($open().await).await;
+            }
+        )*
+    };
+}
+
+// ---- Factories ----------------------------------------------------------------
+
+/// An embedded engine in a fresh temporary directory.
+pub async fn embedded() -> TestEngine<crate::EmbeddedEngine> {
+    let engine = crate::EmbeddedEngine::open(&crate::EmbeddedConfig::temporary()).expect("open embedded engine");
+    TestEngine {
+        engine,
+        prefix: crate::KEY_PREFIX_DEFAULT.to_vec(),
+    }
+}
+
+#[cfg(feature = "foundationdb")]
+pub use self::foundationdb::{TEST_PREFIX_START, foundationdb, foundationdb_store};
+
+#[cfg(feature = "foundationdb")]
+mod foundationdb {
+    use super::TestEngine;
+    use crate::engine::{Engine, RunOptions, Transaction, TxError};
+    use crate::{FoundationDbEngine, FoundationDbNetwork, FoundationDbStore};
+    use std::time::Duration;
+    use store_core::Policy;
+
+    /// How long the first ping of a test may take before the cluster counts
+    /// as unreachable.
+    const CLUSTER_REACHABLE_MS_MAX: u64 = 5_000;
+    /// Start of every key prefix the tests write under, so leftovers can be
+    /// cleared with one `clearrange` (see FOUNDATIONDB.md).
+    pub const TEST_PREFIX_START: &str = "idem-test-";
+
+    const HOW_TO_RUN: &str = "\
+this test needs a running FoundationDB cluster and its client library. Either
+  scripts/test-foundationdb        (starts a throw-away fdbserver on loopback and runs every FoundationDB suite)
+or, with a cluster of your own:
+  1. install foundationdb-clients and foundationdb-server 7.3.x (.deb from FoundationDB's GitHub releases);
+  2. fdbcli --exec \"configure new single ssd\"   (once, on a new cluster);
+  3. fdbcli --exec status                          (must say the database is available);
+  4. FDB_CLUSTER_FILE=/etc/foundationdb/fdb.cluster cargo test -p store-fdb --features foundationdb
+see store-fdb/FOUNDATIONDB.md";
+
+    fn cluster_unavailable(what: &str, error: impl std::fmt::Display) -> ! {
+        panic!("FoundationDB {what}: {error}\n{HOW_TO_RUN}");
+    }
+
+    /// The engine on the cluster FoundationDB's default cluster file (or
+    /// `FDB_CLUSTER_FILE`) names, checked reachable, with a fresh prefix so
+    /// that one test's purge sees only its own records. Fails with
+    /// instructions when there is no cluster; never passes silently.
+    pub async fn foundationdb() -> TestEngine<FoundationDbEngine> {
+        let network = FoundationDbNetwork::start().unwrap_or_else(|error| cluster_unavailable("network", error));
+        let engine = FoundationDbEngine::open(network, None).unwrap_or_else(|error| cluster_unavailable("open", error));
+        let prefix = format!("{TEST_PREFIX_START}{:016x}", rand::random::<u64>()).into_bytes();
+        let test = TestEngine { engine, prefix };
+        let probe = &test.key(b"ping");
+        // Retryable errors are tried again within the time limit: a test
+        // binary with FoundationDB's client fault injection on gets them.
+        let ping = async {
+            loop {
+                let pinged = test
+                    .engine
+                    .run(RunOptions::default(), |tx, _| async move {
+                        tx.get(probe).await.map(|_| ()).map_err(TxError::from)
+                    })
+                    .await;
+                match pinged {
+                    Err(error) if error.is_retryable() => continue,
+                    other => return other,
+                }
+            }
+        };
+        match tokio::time::timeout(Duration::from_millis(CLUSTER_REACHABLE_MS_MAX), ping).await {
+            Ok(Ok(())) => test,
+            Ok(Err(error)) => cluster_unavailable("ping", error),
+            Err(_) => cluster_unavailable("ping", format!("no answer within {CLUSTER_REACHABLE_MS_MAX} ms")),
+        }
+    }
+
+    /// A store for store-core's conformance suite, under a fresh prefix.
+    pub async fn foundationdb_store(policy: Policy) -> store_core::testkit::SharedStore {
+        let test = foundationdb().await;
+        let store: FoundationDbStore = test.store(policy);
+        std::sync::Arc::new(store)
+    }
+}

@@ -1,0 +1,46 @@
+//! The FDB-style store's own suite (store-fdb's `testkit`: purge, effects
+//! with their completion, FoundationDB's limits, conflicts) on a real
+//! FoundationDB cluster: the same functions `store_embedded.rs` runs.
+//!
+//! Compiled only with the `foundationdb` feature. Running needs a cluster
+//! (FoundationDB's default cluster file, or `FDB_CLUSTER_FILE`); without one
+//! every test fails with instructions. `scripts/test-foundationdb` starts one.
+#![cfg(feature = "foundationdb")]
+
+store_fdb::store_tests!(store_fdb::testkit::foundationdb);
+
+use store_core::testkit::{acquire, claim_request, policy, response, unique_caller};
+use store_core::{ClaimOutcome, Fenced, IdempotencyStore};
+use store_fdb::testkit::{TEST_PREFIX_START, foundationdb};
+use store_fdb::{FoundationDbConfig, FoundationDbNetwork, FoundationDbStore, KeyPrefix};
+
+/// FoundationDB only: a directory-layer prefix resolves to the same bytes on
+/// every open, so a second store sees the first one's records. (The
+/// directory stays behind, under `idem-test-directories`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_directory_prefix_resolves_to_the_same_bytes_on_every_open() {
+    // Fails with instructions when no cluster answers.
+    drop(foundationdb().await);
+    let network = FoundationDbNetwork::start().expect("network");
+    let path = vec![
+        format!("{TEST_PREFIX_START}directories"),
+        format!("{:016x}", rand::random::<u64>()),
+    ];
+    let config = FoundationDbConfig {
+        prefix: KeyPrefix::Directory(path),
+        ..FoundationDbConfig::default()
+    };
+    let caller = unique_caller();
+    let first = FoundationDbStore::open_foundationdb(network, &config, policy())
+        .await
+        .expect("open with a directory prefix");
+    let first: store_core::testkit::SharedStore = std::sync::Arc::new(first);
+    let acquired = acquire(&first, &claim_request(&caller, "k", "a")).await;
+    let fenced = first.complete(&acquired.lease, response(9)).await.expect("complete");
+    assert_eq!(fenced, Fenced::Applied(()));
+    let second = FoundationDbStore::open_foundationdb(network, &config, policy())
+        .await
+        .expect("open the directory again");
+    let replay = second.claim(&claim_request(&caller, "k", "a")).await.expect("claim");
+    assert_eq!(replay, ClaimOutcome::Replay(response(9)));
+}
