@@ -1,13 +1,14 @@
-//! Opens the stores that `store.kind` names.
+//! Opens the stores that `store.kind` and `store.labels` name.
 //!
-//! | kind           | records            | labels                          | label + record |
-//! |----------------|--------------------|---------------------------------|----------------|
-//! | `embedded`     | embedded (fjall)   | same store, effects subspace    | one transaction |
-//! | `foundationdb` | FoundationDB       | same store, effects subspace    | one transaction |
-//! | `postgres`     | PostgreSQL         | `labels` table, same database   | one transaction |
-//! | `redis`        | Redis              | embedded store                  | separate commits |
+//! | kind           | labels         | records          | labels live in                  | label + record   | instances |
+//! |----------------|----------------|------------------|---------------------------------|------------------|-----------|
+//! | `embedded`     | `with_records` | embedded (fjall) | same store, effects subspace    | one transaction  | one       |
+//! | `foundationdb` | `with_records` | FoundationDB     | same store, effects subspace    | one transaction  | many      |
+//! | `postgres`     | `with_records` | PostgreSQL       | `labels` table, same database   | one transaction  | many      |
+//! | `redis`        | `embedded`     | Redis            | embedded store (a local dir)    | separate commits | one       |
+//! | `redis`        | `postgres`     | Redis            | `labels` table in PostgreSQL    | separate commits | many      |
 
-use crate::config::{Config, DurabilityConfig, StoreKind};
+use crate::config::{Config, DurabilityConfig, LabelsKind, StoreKind};
 use crate::instrumented::InstrumentedStore;
 use crate::labels::{FdbLabels, LABELS_MIGRATION, LabelStore, PostgresLabels, SplitLabels};
 use std::sync::Arc;
@@ -123,21 +124,44 @@ async fn open_redis(config: &Config, policy: Policy) -> Result<Backends, Backend
         tracing::warn!(warning = %warning, "redis");
     }
     let records: Arc<dyn IdempotencyStore> = Arc::new(InstrumentedStore::new(Arc::new(store)));
+    if config.store.labels_kind() == LabelsKind::Postgres {
+        let labels = PostgresLabels::new(migrated_postgres(config, policy, "redis").await?);
+        return Ok(Backends {
+            kind: StoreKind::Redis,
+            records: records.clone(),
+            labels: Arc::new(SplitLabels::new(records, labels)),
+            description: "records in Redis, labels in PostgreSQL: NOT atomic, a label and its record commit \
+                 separately; the per-parcel uniqueness of labels and the parcel's carrier key are the second \
+                 line of defence. Several instances may share these stores."
+                .to_owned(),
+            embedded: None,
+        });
+    }
     let labels_store = embedded_store(config, policy, StoreKind::Redis)?;
+    tracing::warn!(
+        "store.labels = \"embedded\": labels live in a local directory, so this instance must be the only \
+         one on these Redis records; run several with store.labels = \"postgres\""
+    );
     Ok(Backends {
         kind: StoreKind::Redis,
         records: records.clone(),
         labels: Arc::new(SplitLabels::new(records, FdbLabels::new(labels_store.clone()))),
         description: format!(
             "records in Redis, labels in the embedded store at {}: NOT atomic, a label and its record \
-             commit separately; the per-parcel uniqueness of labels is the second line of defence",
+             commit separately; the per-parcel uniqueness of labels is the second line of defence; \
+             one instance only",
             shown_path(&config.store.embedded.path)
         ),
         embedded: Some(labels_store.engine().clone()),
     })
 }
 
-async fn open_postgres(config: &Config, policy: Policy) -> Result<Backends, BackendError> {
+/// The PostgreSQL store of `[store.postgres]`, migrated (records and labels).
+async fn migrated_postgres(
+    config: &Config,
+    policy: Policy,
+    kind: &'static str,
+) -> Result<store_postgres::PostgresStore, BackendError> {
     let postgres = &config.store.postgres;
     let postgres_config = store_postgres::PostgresConfig {
         url: postgres.url.clone(),
@@ -147,16 +171,18 @@ async fn open_postgres(config: &Config, policy: Policy) -> Result<Backends, Back
         operation_timeout_ms: postgres.operation_timeout_ms,
         ..store_postgres::PostgresConfig::new(postgres.url.clone())
     };
-    let refused = |detail: String| BackendError::Refused {
-        kind: "postgres",
-        detail,
-    };
+    let refused = |detail: String| BackendError::Refused { kind, detail };
     let store =
         store_postgres::PostgresStore::new(&postgres_config, policy).map_err(|error| refused(error.to_string()))?;
     store
         .migrate(&[LABELS_MIGRATION])
         .await
         .map_err(|error| refused(format!("migrations: {error}")))?;
+    Ok(store)
+}
+
+async fn open_postgres(config: &Config, policy: Policy) -> Result<Backends, BackendError> {
+    let store = migrated_postgres(config, policy, "postgres").await?;
     Ok(Backends {
         kind: StoreKind::Postgres,
         records: Arc::new(InstrumentedStore::new(Arc::new(store.clone()))),

@@ -174,10 +174,38 @@ impl StoreKind {
     }
 }
 
+/// Where labels (the business effect) live, beside the records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LabelsKind {
+    /// In the records' own store, committed in one transaction with the
+    /// record (embedded, FoundationDB, PostgreSQL).
+    WithRecords,
+    /// In the embedded store beside a Redis record store: two commits, one
+    /// instance only (the embedded store is a local directory).
+    Embedded,
+    /// In PostgreSQL (`[store.postgres]`) beside a Redis record store: two
+    /// commits, shared by every instance.
+    Postgres,
+}
+
+impl LabelsKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            LabelsKind::WithRecords => "with_records",
+            LabelsKind::Embedded => "embedded",
+            LabelsKind::Postgres => "postgres",
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct StoreConfig {
     pub kind: StoreKind,
+    /// Where labels live; absent: with the records, or for Redis records,
+    /// in the embedded store (see [`StoreConfig::labels_kind`]).
+    pub labels: Option<LabelsKind>,
     /// The embedded store: records with kind = "embedded", labels with kind = "redis".
     pub embedded: EmbeddedStoreConfig,
     pub redis: RedisStoreConfig,
@@ -383,10 +411,22 @@ impl Default for PolicyConfig {
     }
 }
 
+impl StoreConfig {
+    /// Where labels live: as configured, else with the records, or for
+    /// Redis records (which cannot hold an effect) in the embedded store.
+    pub fn labels_kind(&self) -> LabelsKind {
+        self.labels.unwrap_or(match self.kind {
+            StoreKind::Redis => LabelsKind::Embedded,
+            _ => LabelsKind::WithRecords,
+        })
+    }
+}
+
 impl Default for StoreConfig {
     fn default() -> Self {
         Self {
             kind: StoreKind::Embedded,
+            labels: None,
             embedded: EmbeddedStoreConfig::default(),
             redis: RedisStoreConfig::default(),
             postgres: PostgresStoreConfig::default(),
@@ -736,9 +776,12 @@ impl Config {
 
     fn validate_store(&self) -> Result<(), ConfigError> {
         let store = &self.store;
-        if matches!(store.kind, StoreKind::Embedded | StoreKind::Redis) && store.embedded.path.as_os_str().is_empty() {
+        let labels = store.labels_kind();
+        let uses_embedded = store.kind == StoreKind::Embedded || labels == LabelsKind::Embedded;
+        if uses_embedded && store.embedded.path.as_os_str().is_empty() {
             return Err(field_error("store.embedded.path", "must name a directory"));
         }
+        self.validate_labels(labels)?;
         match store.kind {
             StoreKind::Redis if store.redis.urls.is_empty() => Err(field_error(
                 "store.redis.urls",
@@ -750,6 +793,38 @@ impl Config {
             )),
             _ => Ok(()),
         }
+    }
+}
+
+/// The combinations a team would run: labels with the records wherever the
+/// records' store can hold them in one transaction; beside Redis records
+/// (which cannot), in the embedded store or in PostgreSQL.
+fn labels_combination_ok(kind: StoreKind, labels: LabelsKind) -> bool {
+    match kind {
+        StoreKind::Redis => matches!(labels, LabelsKind::Embedded | LabelsKind::Postgres),
+        StoreKind::Embedded | StoreKind::Foundationdb | StoreKind::Postgres => labels == LabelsKind::WithRecords,
+    }
+}
+
+impl Config {
+    fn validate_labels(&self, labels: LabelsKind) -> Result<(), ConfigError> {
+        let kind = self.store.kind;
+        if !labels_combination_ok(kind, labels) {
+            let detail = format!(
+                "labels = \"{}\" cannot go with store.kind = \"{}\": with embedded, foundationdb or postgres \
+                 records labels go with_records; with redis records, in embedded or postgres",
+                labels.name(),
+                kind.name()
+            );
+            return Err(field_error("store.labels", &detail));
+        }
+        if labels == LabelsKind::Postgres && self.store.postgres.url.is_empty() {
+            return Err(field_error(
+                "store.postgres.url",
+                "store.labels = \"postgres\" needs a postgres:// URL for the labels",
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -893,6 +968,41 @@ mod tests {
         assert!(refusal(&[("IDEM__CARRIER__SIMULATOR__ERROR_RATE", "2")]).contains("carrier.simulator.error_rate"));
         assert!(refusal(&[("IDEM__STORE__KIND", "postgres")]).contains("store.postgres.url"));
         assert!(refusal(&[("IDEM__SWEEPER__BATCH_MAX", "0")]).contains("sweeper.batch_max"));
+    }
+
+    #[test]
+    fn labels_go_only_where_a_team_would_put_them() {
+        let redis = ("IDEM__STORE__REDIS__URLS", r#"["redis://127.0.0.1:6379"]"#);
+        let postgres = ("IDEM__STORE__POSTGRES__URL", "postgres://idem@127.0.0.1/idem");
+        let with = |pairs: &[(&str, &str)]| Config::load(None, env(pairs)).map(|config| config.store.labels_kind());
+        assert_eq!(with(&[]).unwrap(), LabelsKind::WithRecords);
+        assert_eq!(
+            with(&[("IDEM__STORE__KIND", "redis"), redis]).unwrap(),
+            LabelsKind::Embedded
+        );
+        let split = [
+            ("IDEM__STORE__KIND", "redis"),
+            ("IDEM__STORE__LABELS", "postgres"),
+            redis,
+            postgres,
+        ];
+        assert_eq!(with(&split).unwrap(), LabelsKind::Postgres);
+        // Labels in PostgreSQL need its URL; labels apart from records that
+        // could hold them in one transaction are refused.
+        let no_url = refusal(&[
+            ("IDEM__STORE__KIND", "redis"),
+            ("IDEM__STORE__LABELS", "postgres"),
+            redis,
+        ]);
+        assert!(no_url.contains("store.postgres.url"), "{no_url}");
+        let apart = refusal(&[("IDEM__STORE__LABELS", "postgres"), postgres]);
+        assert!(apart.contains("store.labels"), "{apart}");
+        let redis_with_records = refusal(&[
+            ("IDEM__STORE__KIND", "redis"),
+            ("IDEM__STORE__LABELS", "with_records"),
+            redis,
+        ]);
+        assert!(redis_with_records.contains("store.labels"), "{redis_with_records}");
     }
 
     #[test]

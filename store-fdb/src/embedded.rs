@@ -382,8 +382,14 @@ impl OpenDatabase {
     /// committer thread. Blocking.
     fn open(config: &EmbeddedConfig, failures_before: u32) -> Result<Self, StoreError> {
         let unavailable = |error: fjall::Error| {
+            // The lock is the usual reason on a second process: say so, the
+            // embedded store is one process's directory.
+            let why = match error {
+                fjall::Error::Locked => ": it is locked by another process (the embedded store serves one process)",
+                _ => "",
+            };
             StoreError::unavailable(
-                format!("cannot open embedded store at {}", config.path.display()),
+                format!("cannot open embedded store at {}{why}", config.path.display()),
                 error,
             )
         };

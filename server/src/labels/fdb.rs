@@ -4,10 +4,11 @@
 //! `("label", label_id) -> StoredLabel JSON` and
 //! `("parcel", caller, order_id, parcel_no, label_version) -> label_id`, the
 //! uniqueness index. With [`FdbLabels`] the rows commit in the same
-//! transaction as the record (`FdbStore::complete_with`); with
-//! [`SplitLabels`] (records in Redis) they commit on their own first.
+//! transaction as the record (`FdbStore::complete_with`); as a
+//! [`LabelTable`] beside Redis records ([`super::SplitLabels`]) they commit
+//! on their own first.
 
-use super::{Label, LabelStore, Parcel, StoredLabel, label_response};
+use super::{Label, LabelStore, LabelTable, Parcel, StoredLabel, label_response};
 use crate::failpoints;
 use crate::instrumented::timed;
 use async_trait::async_trait;
@@ -107,14 +108,28 @@ impl<E: Engine> FdbLabels<E> {
     fn backend(&self) -> &'static str {
         self.store.engine().name()
     }
+}
 
-    /// Inserts the label in a transaction of its own (for [`SplitLabels`]).
-    pub async fn insert(&self, label: &StoredLabel) -> Result<StoredLabel, StoreError> {
+#[async_trait]
+impl<E: Engine> LabelTable for FdbLabels<E> {
+    async fn insert(&self, label: &StoredLabel) -> Result<Label, StoreError> {
         let layout = self.store.layout();
         let run = self.store.engine().run(RunOptions::default(), |tx, _| async move {
             insert_or_existing(&tx, layout, label).await
         });
-        timed(self.backend(), "label_insert", run).await
+        Ok(timed(self.backend(), "label_insert", run).await?.label)
+    }
+
+    async fn find_for_parcel(&self, caller: &CallerId, parcel: Parcel) -> Result<Option<Label>, StoreError> {
+        LabelStore::find_for_parcel(self, caller, parcel).await
+    }
+
+    async fn find_by_id(&self, caller: &CallerId, label_id: &str) -> Result<Option<Label>, StoreError> {
+        LabelStore::find_by_id(self, caller, label_id).await
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        LabelStore::ping(self).await
     }
 }
 
@@ -158,50 +173,5 @@ impl<E: Engine> LabelStore for FdbLabels<E> {
 
     async fn ping(&self) -> Result<(), StoreError> {
         self.store.ping().await
-    }
-}
-
-/// Records in one store (Redis), labels in an FDB-style store: the label
-/// commits first, then the record. Not atomic: a crash between the two
-/// leaves a label without a completed record, and the retry that takes over
-/// finds the label through the parcel index instead of buying another one.
-pub struct SplitLabels<E: Engine> {
-    records: Arc<dyn IdempotencyStore>,
-    labels: FdbLabels<E>,
-}
-
-impl<E: Engine> SplitLabels<E> {
-    pub fn new(records: Arc<dyn IdempotencyStore>, labels: FdbLabels<E>) -> Self {
-        Self { records, labels }
-    }
-}
-
-#[async_trait]
-impl<E: Engine> LabelStore for SplitLabels<E> {
-    fn is_atomic_with_records(&self) -> bool {
-        false
-    }
-
-    async fn find_for_parcel(&self, caller: &CallerId, parcel: Parcel) -> Result<Option<Label>, StoreError> {
-        self.labels.find_for_parcel(caller, parcel).await
-    }
-
-    async fn find_by_id(&self, caller: &CallerId, label_id: &str) -> Result<Option<Label>, StoreError> {
-        self.labels.find_by_id(caller, label_id).await
-    }
-
-    async fn commit(&self, lease: &HeldLease, label: &StoredLabel) -> Result<Fenced<SavedResponse>, StoreError> {
-        let stored = self.labels.insert(label).await?;
-        // The non-atomic window: the label is committed, the record is not.
-        failpoints::reached(failpoints::BEFORE_COMMIT).await;
-        let saved = label_response(&stored.label)?;
-        Ok(match self.records.complete(lease, saved.clone()).await? {
-            Fenced::Applied(()) => Fenced::Applied(saved),
-            Fenced::LeaseLost => Fenced::LeaseLost,
-        })
-    }
-
-    async fn ping(&self) -> Result<(), StoreError> {
-        self.labels.ping().await
     }
 }

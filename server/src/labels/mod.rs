@@ -10,9 +10,11 @@
 mod fdb;
 pub mod handlers;
 mod postgres;
+mod split;
 
-pub use fdb::{FdbLabels, SplitLabels};
+pub use fdb::FdbLabels;
 pub use postgres::{LABELS_MIGRATION, PostgresLabels};
+pub use split::SplitLabels;
 
 use crate::error::PROBLEM_JSON;
 use async_trait::async_trait;
@@ -166,6 +168,20 @@ pub trait LabelStore: Send + Sync {
     async fn commit(&self, lease: &HeldLease, label: &StoredLabel) -> Result<Fenced<SavedResponse>, StoreError>;
 
     /// A cheap round trip, for readiness.
+    async fn ping(&self) -> Result<(), StoreError>;
+}
+
+/// Labels alone, in a store that does not hold the records: what
+/// [`SplitLabels`] commits a label to before it completes the record.
+#[async_trait]
+pub trait LabelTable: Send + Sync {
+    /// Inserts the label unless its parcel has one; returns the parcel's label.
+    async fn insert(&self, label: &StoredLabel) -> Result<Label, StoreError>;
+
+    async fn find_for_parcel(&self, caller: &CallerId, parcel: Parcel) -> Result<Option<Label>, StoreError>;
+
+    async fn find_by_id(&self, caller: &CallerId, label_id: &str) -> Result<Option<Label>, StoreError>;
+
     async fn ping(&self) -> Result<(), StoreError>;
 }
 

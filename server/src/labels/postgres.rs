@@ -3,11 +3,12 @@
 //! (`PostgresStore::complete_with`, the seed's transaction 2). The table is
 //! created by the server's own migration, run by store-postgres's runner.
 
-use super::{Label, LabelStore, Parcel, ShippingService, StoredLabel, label_response};
+use super::{Label, LabelStore, LabelTable, Parcel, ShippingService, StoredLabel, label_response};
 use crate::failpoints;
 use crate::instrumented::timed;
 use async_trait::async_trait;
 use store_core::{CallerId, Fenced, HeldLease, SavedResponse, StoreError};
+use store_postgres::deadpool_postgres::GenericClient;
 use store_postgres::tokio_postgres::{self, Row};
 use store_postgres::{CompleteWithError, Completion, EffectError, Migration, PostgresStore};
 
@@ -129,11 +130,10 @@ fn service_name(service: ShippingService) -> &'static str {
     }
 }
 
-/// Inserts the label unless the parcel has one, and returns the parcel's label.
-async fn insert_or_existing(
-    transaction: &store_postgres::deadpool_postgres::Transaction<'_>,
-    stored: &StoredLabel,
-) -> Result<Label, EffectError> {
+/// Inserts the label unless the parcel has one, and returns the parcel's
+/// label: inside the record's transaction (`complete_with`), or on its own
+/// beside Redis records.
+async fn insert_or_existing<C: GenericClient>(transaction: &C, stored: &StoredLabel) -> Result<Label, EffectError> {
     let label = &stored.label;
     let order_id = label.order_id.to_string();
     let (parcel_no, label_version) = (i64::from(label.parcel_no), i64::from(label.label_version));
@@ -222,5 +222,38 @@ impl LabelStore for PostgresLabels {
     async fn ping(&self) -> Result<(), StoreError> {
         use store_core::IdempotencyStore;
         self.store.ping().await
+    }
+}
+
+/// Labels in PostgreSQL beside records elsewhere (Redis): the insert
+/// commits on its own, in one statement.
+#[async_trait]
+impl LabelTable for PostgresLabels {
+    async fn insert(&self, label: &StoredLabel) -> Result<Label, StoreError> {
+        let insert = async {
+            let client = self
+                .store
+                .pool()
+                .get()
+                .await
+                .map_err(|error| StoreError::unavailable("no postgresql connection", error))?;
+            insert_or_existing(&client, label).await.map_err(|error| match error {
+                EffectError::Database(error) => database_error(error),
+                other => StoreError::refused("the label insert failed", other),
+            })
+        };
+        timed(BACKEND, "label_insert", insert).await
+    }
+
+    async fn find_for_parcel(&self, caller: &CallerId, parcel: Parcel) -> Result<Option<Label>, StoreError> {
+        LabelStore::find_for_parcel(self, caller, parcel).await
+    }
+
+    async fn find_by_id(&self, caller: &CallerId, label_id: &str) -> Result<Option<Label>, StoreError> {
+        LabelStore::find_by_id(self, caller, label_id).await
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        LabelStore::ping(self).await
     }
 }

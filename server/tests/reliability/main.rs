@@ -16,6 +16,7 @@
 mod ambiguity;
 mod bad_input;
 mod crash;
+mod fleet;
 mod lease_race;
 mod overload;
 mod properties;
