@@ -14,7 +14,6 @@
 use crate::config::PostgresConfig;
 use crate::migrate::{MigrateError, Migration};
 use crate::store::PostgresStore;
-use std::net::TcpListener;
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -361,9 +360,7 @@ fn has_server_binaries(dir: &Path) -> bool {
 }
 
 fn free_port() -> Result<u16, HarnessError> {
-    let listener = TcpListener::bind("127.0.0.1:0").map_err(io_error("find a free port"))?;
-    let address = listener.local_addr().map_err(io_error("find a free port"))?;
-    Ok(address.port())
+    test_support::free_loopback_port().map_err(io_error("find a free port"))
 }
 
 fn run(command: &mut Command) -> Result<Output, HarnessError> {

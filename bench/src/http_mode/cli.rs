@@ -111,6 +111,8 @@ pub enum Profile {
 /// Seconds per phase of the overload profile: long enough for the client's
 /// retries and the server's shedding to settle.
 pub const PHASE_S_DEFAULT: u64 = 20;
+/// Most instances `--instances` spawns.
+pub const INSTANCES_MAX: usize = 16;
 
 #[derive(Debug, Clone, Args)]
 pub struct HttpArgs {
@@ -120,12 +122,27 @@ pub struct HttpArgs {
     /// Seconds per phase of the overload profile.
     #[arg(long, default_value_t = PHASE_S_DEFAULT)]
     pub phase_s: u64,
-    /// Base URL of a running Label service (http://127.0.0.1:8080); a server is spawned when absent.
-    #[arg(long)]
-    pub url: Option<String>,
+    /// Base URL of a running Label service instance (http://127.0.0.1:8080); repeat it for a fleet:
+    /// intents start round robin and every retry goes to another instance than the last. A server is
+    /// spawned when absent.
+    #[arg(long = "url")]
+    pub urls: Vec<String>,
     /// Base URL of the carrier simulator whose stats the audit reads (needed with --url).
     #[arg(long)]
     pub carrier_url: Option<String>,
+    /// Label service instances to spawn on one shared store (a fleet): the
+    /// client spreads the attempts of every intent over them. Several need a
+    /// store they can share: postgres, or redis with --labels-in-postgres.
+    #[arg(long, default_value_t = 1)]
+    pub instances: usize,
+    /// With --store-kind redis: labels in a spawned PostgreSQL (durable)
+    /// instead of each instance's embedded store.
+    #[arg(long)]
+    pub labels_in_postgres: bool,
+    /// With --store-kind redis: a spawned Redis Cluster of three masters
+    /// instead of one redis-server.
+    #[arg(long)]
+    pub redis_cluster: bool,
     /// store.kind of a spawned server.
     #[arg(long, value_enum, default_value_t = Backend::Embedded)]
     pub store_kind: Backend,

@@ -109,9 +109,8 @@ pub enum ClientError {
 /// The client's settings, checked.
 #[derive(Debug, Clone)]
 pub struct ClientSettings {
-    pub base_url: String,
-    /// `POST` target, parsed once.
-    pub labels_url: reqwest::Url,
+    /// `POST` targets, one per instance, parsed once.
+    pub labels_urls: Vec<reqwest::Url>,
     pub token: String,
     pub key_mode: KeyMode,
     pub profile: ClientProfile,
@@ -131,7 +130,7 @@ impl ClientSettings {
         per_attempt * self.attempts_max + Duration::from_secs(5)
     }
 
-    pub fn new(base_url: &str, args: &FulfilmentArgs, seed: u64) -> Result<Self, ClientError> {
+    pub fn new(base_urls: &[String], args: &FulfilmentArgs, seed: u64) -> Result<Self, ClientError> {
         if !(1..=ATTEMPTS_LIMIT).contains(&args.attempts_max) {
             return Err(ClientError::Attempts);
         }
@@ -141,10 +140,16 @@ impl ClientSettings {
         if args.deadline_ms == 0 {
             return Err(ClientError::Deadline);
         }
+        if base_urls.is_empty() {
+            return Err(ClientError::Url("no URL".into()));
+        }
+        let labels_urls = base_urls
+            .iter()
+            .map(|base_url| reqwest::Url::parse(&format!("{}{LABELS_PATH}", base_url.trim_end_matches('/'))))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|error| ClientError::Url(error.to_string()))?;
         Ok(Self {
-            base_url: base_url.trim_end_matches('/').to_owned(),
-            labels_url: reqwest::Url::parse(&format!("{}{LABELS_PATH}", base_url.trim_end_matches('/')))
-                .map_err(|error| ClientError::Url(error.to_string()))?,
+            labels_urls,
             token: args.token.clone(),
             key_mode: args.key_mode,
             profile: args.client_profile,
@@ -448,8 +453,9 @@ impl Workload for FulfilmentClient {
         let copies = if self.is_duplicated(index) { 2 } else { 1 };
         self.log.start(intent, copies);
         let (sender, mut receiver) = mpsc::channel::<CopyResult>(2);
-        for _ in 0..copies {
+        for copy_number in 0..copies {
             let copy = IntentCopy {
+                copy_number,
                 http: self.http.clone(),
                 settings: self.settings.clone(),
                 counts: self.counts.clone(),
@@ -492,6 +498,8 @@ fn failure_label(failure: Option<&str>) -> &'static str {
 
 /// One copy of one intent: the attempt loop.
 struct IntentCopy {
+    /// 0, or 1 for the second copy of an intent sent twice.
+    copy_number: u32,
     http: reqwest::Client,
     settings: ClientSettings,
     counts: Arc<AttemptCounts>,
@@ -512,7 +520,7 @@ impl IntentCopy {
                 KeyMode::PerAttempt => format!("attempt-{:032x}", rand::random::<u128>()),
             };
             let sent = Instant::now();
-            let (answer, retry_after) = self.send(&key, &body).await;
+            let (answer, retry_after) = self.send(self.instance(attempt), &key, &body).await;
             self.timeline.record(sent, &answer);
             self.counts.add(&answer);
             result.attempts = attempt;
@@ -566,11 +574,19 @@ impl IntentCopy {
         }
     }
 
+    /// The instance for `attempt` (from 1): intents start round robin, a
+    /// second copy one instance further, and each retry on the next one, so
+    /// with several instances no retry goes where the last attempt went.
+    fn instance(&self, attempt: u32) -> &reqwest::Url {
+        let urls = &self.settings.labels_urls;
+        &urls[instance_of(self.intent.index, self.copy_number, attempt, urls.len())]
+    }
+
     /// One attempt: its answer, and the server's `Retry-After` if it sent one.
-    async fn send(&self, key: &str, body: &[u8]) -> (Answer, Option<Duration>) {
+    async fn send(&self, url: &reqwest::Url, key: &str, body: &[u8]) -> (Answer, Option<Duration>) {
         let request = self
             .http
-            .post(self.settings.labels_url.clone())
+            .post(url.clone())
             .bearer_auth(&self.settings.token)
             .header("idempotency-key", key)
             .header("content-type", "application/json")
@@ -608,6 +624,13 @@ impl IntentCopy {
         };
         (answer, retry_after)
     }
+}
+
+/// Which of `instances` attempt `attempt` (from 1) of copy `copy_number` of
+/// intent `index` goes to.
+fn instance_of(index: u64, copy_number: u32, attempt: u32, instances: usize) -> usize {
+    let position = index + u64::from(copy_number) + u64::from(attempt.saturating_sub(1));
+    (position % instances.max(1) as u64) as usize
 }
 
 /// `Retry-After` in delay-seconds (the only form the Label service sends),
@@ -685,7 +708,7 @@ mod tests {
         let mut argv = vec!["test"];
         argv.extend_from_slice(extra);
         let wrapper = Wrapper::parse_from(argv);
-        ClientSettings::new("http://127.0.0.1:1/", &wrapper.args, 1).unwrap()
+        ClientSettings::new(&["http://127.0.0.1:1/".to_owned()], &wrapper.args, 1).unwrap()
     }
 
     #[test]
@@ -693,11 +716,10 @@ mod tests {
         let settings = settings(&[]);
         assert_eq!(settings.deadline, Duration::from_millis(250));
         assert_eq!(settings.key_mode, KeyMode::Derived);
-        assert_eq!(settings.base_url, "http://127.0.0.1:1");
-        assert_eq!(settings.labels_url.as_str(), "http://127.0.0.1:1/v1/labels");
+        assert_eq!(settings.labels_urls[0].as_str(), "http://127.0.0.1:1/v1/labels");
         let args = Wrapper::parse_from(["test"]).args;
         assert!(matches!(
-            ClientSettings::new("not a url", &args, 1),
+            ClientSettings::new(&["not a url".to_owned()], &args, 1),
             Err(ClientError::Url(_))
         ));
     }
@@ -762,6 +784,20 @@ mod tests {
     }
 
     #[test]
+    fn intents_start_round_robin_and_no_retry_goes_where_the_last_attempt_went() {
+        let firsts: Vec<usize> = (0..6).map(|index| instance_of(index, 0, 1, 3)).collect();
+        assert_eq!(firsts, [0, 1, 2, 0, 1, 2]);
+        for index in 0..10 {
+            for attempt in 1..10 {
+                assert_ne!(instance_of(index, 0, attempt, 3), instance_of(index, 0, attempt + 1, 3));
+            }
+            // The second copy of an intent sent twice starts elsewhere.
+            assert_ne!(instance_of(index, 0, 1, 3), instance_of(index, 1, 1, 3));
+        }
+        assert_eq!(instance_of(7, 1, 4, 1), 0);
+    }
+
+    #[test]
     fn retry_after_is_read_in_seconds_and_capped() {
         let mut headers = reqwest::header::HeaderMap::new();
         assert_eq!(retry_after(&headers), None);
@@ -779,16 +815,22 @@ mod tests {
     #[test]
     fn the_duplicate_share_is_respected_and_replayable() {
         let mut args = Wrapper::parse_from(["test", "--duplicate-share", "0.1"]).args;
-        let client =
-            FulfilmentClient::new(ClientSettings::new("http://x", &args, 9).unwrap(), RunIds::random()).unwrap();
+        let client = FulfilmentClient::new(
+            ClientSettings::new(&["http://x".to_owned()], &args, 9).unwrap(),
+            RunIds::random(),
+        )
+        .unwrap();
         let duplicated = (0..100_000).filter(|&index| client.is_duplicated(index)).count();
         assert!((9_000..=11_000).contains(&duplicated), "{duplicated}");
-        let again =
-            FulfilmentClient::new(ClientSettings::new("http://x", &args, 9).unwrap(), RunIds::random()).unwrap();
+        let again = FulfilmentClient::new(
+            ClientSettings::new(&["http://x".to_owned()], &args, 9).unwrap(),
+            RunIds::random(),
+        )
+        .unwrap();
         assert!((0..1_000).all(|index| client.is_duplicated(index) == again.is_duplicated(index)));
         args.duplicate_share = 1.5;
         assert_eq!(
-            ClientSettings::new("http://x", &args, 9).unwrap_err(),
+            ClientSettings::new(&["http://x".to_owned()], &args, 9).unwrap_err(),
             ClientError::DuplicateShare
         );
     }

@@ -92,6 +92,19 @@ pub fn label_answers(text: &str) -> AnswerCounts {
 
 /// `after - before`, per category: the answers of one run against a server
 /// that may have served earlier runs.
+/// Two instances' counts together.
+pub fn sum(one: &AnswerCounts, other: &AnswerCounts) -> AnswerCounts {
+    AnswerCounts {
+        first_runs: one.first_runs + other.first_runs,
+        replays: one.replays + other.replays,
+        in_progress_409: one.in_progress_409 + other.in_progress_409,
+        mismatch_422: one.mismatch_422 + other.mismatch_422,
+        unavailable_503: one.unavailable_503 + other.unavailable_503,
+        cancelled_499: one.cancelled_499 + other.cancelled_499,
+        other: one.other + other.other,
+    }
+}
+
 pub fn difference(after: &AnswerCounts, before: &AnswerCounts) -> AnswerCounts {
     AnswerCounts {
         first_runs: after.first_runs.saturating_sub(before.first_runs),

@@ -48,9 +48,10 @@ pub enum HttpError {
 /// Where the Label service is.
 #[derive(Debug, Clone)]
 pub enum ServerTarget {
-    /// Already running at `url`; its carrier simulator at `carrier_url`.
+    /// Already running at `urls` (one or several instances on one store);
+    /// their carrier simulator at `carrier_url`.
     Running {
-        url: String,
+        urls: Vec<String>,
         carrier_url: Option<String>,
     },
     Spawn(SpawnSettings),
@@ -71,17 +72,22 @@ pub struct HttpRun {
 
 impl HttpRun {
     pub fn from_args(args: &HttpArgs, seed: u64) -> Self {
-        let target = match &args.url {
-            Some(url) => ServerTarget::Running {
-                url: url.clone(),
+        let target = match args.urls.is_empty() {
+            false => ServerTarget::Running {
+                urls: args.urls.clone(),
                 carrier_url: args.carrier_url.clone(),
             },
-            None => ServerTarget::Spawn(SpawnSettings {
+            true => ServerTarget::Spawn(SpawnSettings {
                 store_kind: args.store_kind,
                 server_bin: args.server_bin.clone(),
                 backend: args.backend.clone(),
                 carrier: args.fulfilment.carrier(),
                 seed,
+                fleet: spawn::FleetSettings {
+                    instances: args.instances,
+                    labels_in_postgres: args.labels_in_postgres,
+                    redis_cluster: args.redis_cluster,
+                },
             }),
         };
         Self {
@@ -103,6 +109,7 @@ impl HttpRun {
                 backend: args.backend.clone(),
                 carrier: args.http.carrier(),
                 seed,
+                fleet: spawn::FleetSettings::default(),
             }),
             fulfilment: args.http.clone(),
             plan: args.load.plan(seed, !args.output.quiet),
@@ -162,7 +169,13 @@ impl CpuMeter {
     fn start(server: &Server) -> Self {
         let mut pids = vec![("idem-bench".to_owned(), std::process::id())];
         if let Some(spawned) = &server.spawned {
-            pids.extend(spawned.pid().map(|pid| ("label service".to_owned(), pid)));
+            for (number, pid) in spawned.pids().into_iter().enumerate() {
+                let name = match number {
+                    0 => "label service".to_owned(),
+                    _ => format!("label service {}", number + 1),
+                };
+                pids.push((name, pid));
+            }
             pids.extend(spawned.carrier_pid().map(|pid| ("carrier simulator".to_owned(), pid)));
         }
         let processes = pids
@@ -192,7 +205,7 @@ impl HttpReport {
         Self {
             store_kind: run.store_kind_name(),
             key_mode: run.fulfilment.key_mode,
-            url: server.base_url.clone(),
+            url: server.base_urls.join(" "),
             notes: server.spawned.as_ref().map(|s| s.notes.clone()).unwrap_or_default(),
             open_loop: None,
             ramp: None,
@@ -275,18 +288,19 @@ impl HttpReport {
 
 /// The server for one run: spawned (and owned) or already running.
 struct Server {
-    base_url: String,
+    /// One URL per instance.
+    base_urls: Vec<String>,
     carrier_url: String,
     spawned: Option<SpawnedServer>,
 }
 
 async fn start(run: &HttpRun) -> Result<Server, HttpError> {
     match &run.target {
-        ServerTarget::Running { url, carrier_url } => {
-            let base_url = url.trim_end_matches('/').to_owned();
-            let carrier_url = carrier_url.clone().unwrap_or_else(|| base_url.clone());
+        ServerTarget::Running { urls, carrier_url } => {
+            let base_urls: Vec<String> = urls.iter().map(|url| url.trim_end_matches('/').to_owned()).collect();
+            let carrier_url = carrier_url.clone().unwrap_or_else(|| base_urls[0].clone());
             Ok(Server {
-                base_url,
+                base_urls,
                 carrier_url: carrier_url.trim_end_matches('/').to_owned(),
                 spawned: None,
             })
@@ -294,7 +308,7 @@ async fn start(run: &HttpRun) -> Result<Server, HttpError> {
         ServerTarget::Spawn(settings) => {
             let spawned = spawn::spawn(settings).await?;
             Ok(Server {
-                base_url: spawned.base_url.clone(),
+                base_urls: spawned.base_urls.clone(),
                 carrier_url: spawned.carrier_url.clone(),
                 spawned: Some(spawned),
             })
@@ -310,13 +324,13 @@ pub async fn run(run: &HttpRun) -> Result<HttpReport, HttpError> {
         .timeout(Duration::from_millis(AUDIT_REQUEST_MS))
         .build()
         .map_err(|error| ClientError::Build(error.to_string()))?;
-    let before = scrape_answers(&admin, &server.base_url)
+    let before = scrape_answers(&admin, &server.base_urls)
         .await
         .map_err(|detail| HttpError::Unreachable {
-            url: server.base_url.clone(),
+            url: server.base_urls.join(" "),
             detail,
         })?;
-    let settings = ClientSettings::new(&server.base_url, &run.fulfilment, run.seed)?;
+    let settings = ClientSettings::new(&server.base_urls, &run.fulfilment, run.seed)?;
     let client = Arc::new(FulfilmentClient::new(settings, RunIds::random())?);
     let rss = RssSampler::start(server.spawned.as_ref().and_then(SpawnedServer::pid));
     let mut report = HttpReport::empty(run, &server);
@@ -342,7 +356,9 @@ pub async fn run(run: &HttpRun) -> Result<HttpReport, HttpError> {
     }
     report.server_max_sampled_rss_mib = rss.stop();
     report.cpu = cpu.finish(client.log.len());
-    wait_for_server_idle(&admin, &server.base_url).await;
+    for base_url in &server.base_urls {
+        wait_for_server_idle(&admin, base_url).await;
+    }
     report.attempts = client.counts.snapshot();
     report.retries_refused_by_quota = client.quota.refused();
     report.audit = audit_run(&admin, &server, &client, &before, &report.attempts).await;
@@ -367,7 +383,7 @@ async fn audit_run(
     attempts: &BTreeMap<String, u64>,
 ) -> AuditReport {
     let intents = client.log.snapshot();
-    let after = scrape_answers(admin, &server.base_url).await;
+    let after = scrape_answers(admin, &server.base_urls).await;
     let server_answers = after.as_ref().ok().map(|after| metrics::difference(after, before));
     let carrier = carrier::fetch_stats(admin, &server.carrier_url).await;
     let mut report = audit(&AuditInput {
@@ -397,8 +413,16 @@ async fn scrape(admin: &reqwest::Client, base_url: &str) -> Result<String, Strin
     response.text().await.map_err(|error| error.to_string())
 }
 
-async fn scrape_answers(admin: &reqwest::Client, base_url: &str) -> Result<AnswerCounts, String> {
-    scrape(admin, base_url).await.map(|text| metrics::label_answers(&text))
+/// The label route's answers, summed over every instance.
+async fn scrape_answers(admin: &reqwest::Client, base_urls: &[String]) -> Result<AnswerCounts, String> {
+    let mut total = AnswerCounts::default();
+    for base_url in base_urls {
+        let text = scrape(admin, base_url)
+            .await
+            .map_err(|error| format!("{base_url}: {error}"))?;
+        total = metrics::sum(&total, &metrics::label_answers(&text));
+    }
+    Ok(total)
 }
 
 /// Waits until the server reports no request in flight, so its counters

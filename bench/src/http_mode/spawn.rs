@@ -5,7 +5,6 @@
 use crate::cli::{BackendArgs, DurabilityArg};
 use crate::store_mode::{Backend, KeepAlive};
 use std::fmt::Write as _;
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -48,6 +47,26 @@ pub struct SpawnSettings {
     pub backend: BackendArgs,
     pub carrier: CarrierSettings,
     pub seed: u64,
+    pub fleet: FleetSettings,
+}
+
+/// How many instances share the store, and the store's shape for a fleet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FleetSettings {
+    pub instances: usize,
+    /// Redis records with labels in PostgreSQL (a store a fleet can share).
+    pub labels_in_postgres: bool,
+    pub redis_cluster: bool,
+}
+
+impl Default for FleetSettings {
+    fn default() -> Self {
+        Self {
+            instances: 1,
+            labels_in_postgres: false,
+            redis_cluster: false,
+        }
+    }
 }
 
 /// The carrier simulator's behaviour.
@@ -127,11 +146,12 @@ impl Drop for Process {
 /// A running Label service and its carrier simulator, each a process of
 /// its own, so the service's memory is measured without the carrier's.
 pub struct SpawnedServer {
-    // Field order is drop order: the service stops before its carrier and
-    // its store's server.
-    service: Process,
+    // Field order is drop order: the services stop before their carrier and
+    // their store's server.
+    services: Vec<Process>,
     carrier: Process,
-    pub base_url: String,
+    /// One per instance.
+    pub base_urls: Vec<String>,
     pub carrier_url: String,
     pub notes: Vec<String>,
     _backend: Vec<KeepAlive>,
@@ -139,9 +159,14 @@ pub struct SpawnedServer {
 }
 
 impl SpawnedServer {
-    /// The Label service's process id.
+    /// The (first) Label service's process id.
     pub fn pid(&self) -> Option<u32> {
-        self.service.pid()
+        self.services.first().and_then(Process::pid)
+    }
+
+    /// Every instance's process id.
+    pub fn pids(&self) -> Vec<u32> {
+        self.services.iter().filter_map(Process::pid).collect()
     }
 
     pub fn carrier_pid(&self) -> Option<u32> {
@@ -149,7 +174,11 @@ impl SpawnedServer {
     }
 
     pub fn log_tail(&self) -> String {
-        self.service.log_tail()
+        self.services
+            .iter()
+            .map(Process::log_tail)
+            .collect::<Vec<_>>()
+            .join("\n")
     }
 }
 
@@ -183,9 +212,9 @@ fn existing(path: PathBuf) -> Result<PathBuf, SpawnError> {
     }
 }
 
-/// A port nothing listens on right now.
+/// A loopback port nothing listens on right now, below the ephemeral range.
 pub fn free_port() -> Result<u16, SpawnError> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    Ok(test_support::free_loopback_port()?)
 }
 
 /// Starts the carrier simulator, then the Label service configured to use
@@ -206,26 +235,39 @@ pub async fn spawn(settings: &SpawnSettings) -> Result<SpawnedServer, SpawnError
         dir.path().join("carrier.log"),
     )?;
     wait_until_ready(&mut carrier, &format!("{carrier_url}{}", super::carrier::STATS_PATH)).await?;
-    let port = free_port()?;
-    let config_path = dir.path().join("server.toml");
-    std::fs::write(&config_path, server_config(port, &store_section, &carrier_url))?;
-    let config_arg = config_path.display().to_string();
-    let mut service = Process::start(&binary, &["--config", &config_arg], dir.path().join("server.log"))?;
-    let base_url = format!("http://127.0.0.1:{port}");
-    wait_until_ready(&mut service, &format!("{base_url}/readyz")).await?;
+    let instances = settings.fleet.instances.clamp(1, super::cli::INSTANCES_MAX);
+    let (mut services, mut base_urls) = (Vec::new(), Vec::new());
+    for number in 0..instances {
+        let port = free_port()?;
+        let config_path = dir.path().join(format!("server-{number}.toml"));
+        std::fs::write(&config_path, server_config(port, &store_section, &carrier_url))?;
+        let config_arg = config_path.display().to_string();
+        let log = dir.path().join(format!("server-{number}.log"));
+        let mut service = Process::start(&binary, &["--config", &config_arg], log)?;
+        let base_url = format!("http://127.0.0.1:{port}");
+        wait_until_ready(&mut service, &format!("{base_url}/readyz")).await?;
+        services.push(service);
+        base_urls.push(base_url);
+    }
+    let pids: Vec<String> = services
+        .iter()
+        .filter_map(Process::pid)
+        .map(|pid| pid.to_string())
+        .collect();
     notes.push(format!(
-        "server: {} (pid {}), carrier simulator pid {}, latency {}..={} ms, lost replies {}",
+        "server: {} ({} instance(s), pid {}), carrier simulator pid {}, latency {}..={} ms, lost replies {}",
         binary.display(),
-        service.pid().unwrap_or(0),
+        instances,
+        pids.join(", "),
         carrier.pid().unwrap_or(0),
         settings.carrier.latency_ms_min,
         settings.carrier.latency_ms_max,
         settings.carrier.lost_reply_rate
     ));
     Ok(SpawnedServer {
-        service,
+        services,
         carrier,
-        base_url,
+        base_urls,
         carrier_url,
         notes,
         _backend: backend,
@@ -302,19 +344,36 @@ async fn store_config(
         "[store.embedded]\npath = {:?}\ndurability = \"{durability}\"\n",
         path.display().to_string()
     );
-    let (kind_section, guards, mut notes) = match settings.store_kind {
+    let fleet = settings.fleet;
+    let (mut kind_section, mut guards, mut notes) = match settings.store_kind {
         Backend::Embedded => (String::new(), Vec::new(), Vec::new()),
-        Backend::Redis => redis_config(&settings.backend).await?,
+        Backend::Redis => redis_config(&settings.backend, fleet.redis_cluster).await?,
         Backend::Postgres => postgres_config(&settings.backend).await?,
     };
+    let mut labels = String::new();
+    if settings.store_kind == Backend::Redis && fleet.labels_in_postgres {
+        let (postgres_section, postgres_guards, postgres_notes) = postgres_config(&settings.backend).await?;
+        kind_section.push_str(&postgres_section);
+        guards.extend(postgres_guards);
+        notes.extend(postgres_notes.into_iter().map(|note| format!("labels: {note}")));
+        labels = "labels = \"postgres\"\n".to_owned();
+    }
     notes.insert(0, format!("embedded store durability {durability}"));
     let kind = settings.store_kind.name();
-    let section = format!("[store]\nkind = \"{kind}\"\n\n{embedded}\n{kind_section}");
+    let section = format!("[store]\nkind = \"{kind}\"\n{labels}\n{embedded}\n{kind_section}");
     Ok((section, guards, notes))
 }
 
 #[cfg(feature = "redis")]
-async fn redis_config(args: &BackendArgs) -> Result<(String, BackendGuards, Vec<String>), SpawnError> {
+async fn redis_config(args: &BackendArgs, cluster: bool) -> Result<(String, BackendGuards, Vec<String>), SpawnError> {
+    if cluster {
+        let nodes = tokio::task::block_in_place(store_redis::testkit::RedisCluster::start)
+            .map_err(|error| SpawnError::Backend(error.to_string()))?;
+        let urls = nodes.urls();
+        let section = format!("[store.redis]\nurls = {urls:?}\ncluster = true\n");
+        let note = format!("store: spawned Redis Cluster of three masters at {}", urls.join(", "));
+        return Ok((section, vec![Box::new(nodes)], vec![note]));
+    }
     let address = crate::store_mode::redis::server_for(args).map_err(|error| SpawnError::Backend(error.to_string()))?;
     let (url, guard, note) = (address.url, address.guard, address.note);
     let section = format!("[store.redis]\nurls = [{url:?}]\n");
@@ -326,7 +385,7 @@ async fn redis_config(args: &BackendArgs) -> Result<(String, BackendGuards, Vec<
 }
 
 #[cfg(not(feature = "redis"))]
-async fn redis_config(_: &BackendArgs) -> Result<(String, BackendGuards, Vec<String>), SpawnError> {
+async fn redis_config(_: &BackendArgs, _: bool) -> Result<(String, BackendGuards, Vec<String>), SpawnError> {
     Err(SpawnError::Backend("redis is not built into this binary".into()))
 }
 

@@ -6,7 +6,6 @@ use crate::common::{
     ALICE, Backend, Options, TestServer, fresh_key, label_body, metric_value, order_id, purchases_for,
 };
 use std::io::Write;
-use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -112,7 +111,7 @@ fn percent_encoded(text: &str) -> String {
 }
 
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    test_support::free_loopback_port().expect("a free loopback port")
 }
 
 /// A Prometheus process, killed on drop.

@@ -3,7 +3,6 @@
 use super::HarnessError;
 use crate::config::RedisConfig;
 use std::fs;
-use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::thread::sleep;
@@ -219,7 +218,7 @@ impl Drop for RedisServer {
     }
 }
 
-/// A port nothing listens on right now (the OS picks it).
+/// A loopback port nothing listens on right now, below the ephemeral range.
 pub(crate) fn free_port() -> Result<u16, HarnessError> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    Ok(test_support::free_loopback_port()?)
 }
