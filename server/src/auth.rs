@@ -37,9 +37,12 @@ impl Callers {
         let mut entries = Vec::with_capacity(callers.len());
         for caller in callers {
             let id = CallerId::new(caller.id.as_str()).map_err(|error| format!("caller {:?}: {error}", caller.id))?;
-            let digest = token_digest(&caller.token_sha256)
-                .ok_or_else(|| format!("caller {:?}: token_sha256 is not 32 bytes of hex", caller.id))?;
-            entries.push((id, digest));
+            // One entry per token: the current one and any being rotated out.
+            for hex_digest in caller.token_digests() {
+                let digest = token_digest(hex_digest)
+                    .ok_or_else(|| format!("caller {:?}: a token digest is not 32 bytes of hex", caller.id))?;
+                entries.push((id.clone(), digest));
+            }
         }
         Ok(Self {
             entries: Arc::new(entries),
@@ -101,13 +104,10 @@ mod tests {
 
     fn callers() -> Callers {
         Callers::from_config(&[
+            CallerConfig::new("a", token_sha256("token-a")),
             CallerConfig {
-                id: "a".into(),
-                token_sha256: token_sha256("token-a"),
-            },
-            CallerConfig {
-                id: "b".into(),
-                token_sha256: token_sha256("token-b"),
+                retiring_token_sha256: vec![token_sha256("old-token-b")],
+                ..CallerConfig::new("b", token_sha256("token-b"))
             },
         ])
         .unwrap()
@@ -118,6 +118,8 @@ mod tests {
         let callers = callers();
         assert_eq!(callers.authenticate(b"token-a").unwrap().as_str(), "a");
         assert_eq!(callers.authenticate(b"token-b").unwrap().as_str(), "b");
+        // A token being rotated out still names its caller.
+        assert_eq!(callers.authenticate(b"old-token-b").unwrap().as_str(), "b");
         assert!(callers.authenticate(b"token-c").is_none());
         assert!(callers.authenticate(b"").is_none());
     }

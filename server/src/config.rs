@@ -144,6 +144,13 @@ pub struct CallerConfig {
     pub id: String,
     /// Hex SHA-256 of the caller's bearer token (`server hash-token < token-file`).
     pub token_sha256: String,
+    /// Digests of tokens being rotated out, still accepted for the same
+    /// caller: a token is rotated without changing the caller id, which
+    /// scopes its keys, labels and carrier keys, so a retry that spans the
+    /// rotation replays instead of buying again. Remove them once every
+    /// client has the new token.
+    #[serde(default)]
+    pub retiring_token_sha256: Vec<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -385,12 +392,31 @@ impl Default for ServerConfig {
     }
 }
 
+/// Tokens a caller may present at most (the current one and those being
+/// rotated out).
+pub const CALLER_TOKENS_MAX: usize = 8;
+
 impl CallerConfig {
+    /// A caller with one token.
+    pub fn new(id: impl Into<String>, token_sha256: impl Into<String>) -> Self {
+        Self {
+            id: id.into(),
+            token_sha256: token_sha256.into(),
+            retiring_token_sha256: Vec::new(),
+        }
+    }
+
+    /// Every digest this caller is accepted with, current first.
+    pub fn token_digests(&self) -> impl Iterator<Item = &str> {
+        std::iter::once(self.token_sha256.as_str()).chain(self.retiring_token_sha256.iter().map(String::as_str))
+    }
+
     /// The development caller: id `demo`, token `demo-token`.
     pub fn demo() -> Self {
         Self {
             id: DEMO_CALLER_ID.to_owned(),
             token_sha256: token_sha256(DEMO_TOKEN),
+            retiring_token_sha256: Vec::new(),
         }
     }
 }
@@ -658,20 +684,26 @@ impl Config {
         for caller in &self.callers {
             CallerId::new(caller.id.as_str())
                 .map_err(|error| field_error("callers.id", format!("{:?}: {error}", caller.id)))?;
-            let Some(digest) = token_digest(&caller.token_sha256) else {
-                return Err(field_error(
-                    "callers.token_sha256",
-                    format!(
-                        "caller {:?}: must be 64 hex characters (server hash-token < token-file)",
-                        caller.id
-                    ),
-                ));
-            };
+            if caller.retiring_token_sha256.len() >= CALLER_TOKENS_MAX {
+                let detail = format!("caller {:?}: at most {CALLER_TOKENS_MAX} tokens in all", caller.id);
+                return Err(field_error("callers.retiring_token_sha256", detail));
+            }
+            for hex_digest in caller.token_digests() {
+                let Some(digest) = token_digest(hex_digest) else {
+                    return Err(field_error(
+                        "callers.token_sha256",
+                        format!(
+                            "caller {:?}: must be 64 hex characters (server hash-token < token-file)",
+                            caller.id
+                        ),
+                    ));
+                };
+                if !digests.insert(digest) {
+                    return Err(field_error("callers.token_sha256", "one token appears twice"));
+                }
+            }
             if !ids.insert(caller.id.as_str()) {
                 return Err(field_error("callers.id", format!("{:?} appears twice", caller.id)));
-            }
-            if !digests.insert(digest) {
-                return Err(field_error("callers.token_sha256", "two callers share one token"));
             }
         }
         Ok(())
@@ -1023,7 +1055,20 @@ mod tests {
             r#"[{{id = "a", token_sha256 = "{0}"}}, {{id = "b", token_sha256 = "{0}"}}]"#,
             token_sha256("same")
         );
-        assert!(refusal(&[("IDEM__CALLERS", &twice)]).contains("share one token"));
+        assert!(refusal(&[("IDEM__CALLERS", &twice)]).contains("appears twice"));
+        // A token being rotated out is a digest like the current one, and
+        // no other caller's.
+        let retiring_twice = format!(
+            r#"[{{id = "a", token_sha256 = "{0}"}}, {{id = "b", token_sha256 = "{1}", retiring_token_sha256 = ["{0}"]}}]"#,
+            token_sha256("one"),
+            token_sha256("two")
+        );
+        assert!(refusal(&[("IDEM__CALLERS", &retiring_twice)]).contains("appears twice"));
+        let retiring_bad = format!(
+            r#"[{{id = "a", token_sha256 = "{}", retiring_token_sha256 = ["x"]}}]"#,
+            token_sha256("one")
+        );
+        assert!(refusal(&[("IDEM__CALLERS", &retiring_bad)]).contains("callers.token_sha256"));
     }
 
     #[test]

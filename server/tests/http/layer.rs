@@ -44,11 +44,7 @@ async fn counted_route(State(state): State<RouteState>) -> Response {
 /// A server with one route, `POST /v1/orders`, wearing the layer.
 async fn serve_route(store: Arc<dyn IdempotencyStore>, behaviour: Behaviour) -> (String, Arc<AtomicUsize>) {
     let idempotency = Idempotency::new(store, TaskTracker::new(), 1);
-    let callers = Callers::from_config(&[CallerConfig {
-        id: "alice".into(),
-        token_sha256: token_sha256(ALICE),
-    }])
-    .unwrap();
+    let callers = Callers::from_config(&[CallerConfig::new("alice", token_sha256(ALICE))]).unwrap();
     let calls = Arc::new(AtomicUsize::new(0));
     let state = RouteState {
         calls: calls.clone(),

@@ -20,6 +20,7 @@ mod fleet;
 mod lease_race;
 mod overload;
 mod properties;
+mod rotation;
 mod store_faults;
 mod storm;
 mod support;

@@ -160,10 +160,7 @@ impl Drop for Service {
 }
 
 fn caller(id: &str, token: &str) -> CallerConfig {
-    CallerConfig {
-        id: id.to_owned(),
-        token_sha256: token_sha256(token),
-    }
+    CallerConfig::new(id, token_sha256(token))
 }
 
 async fn listener() -> TcpListener {
