@@ -20,7 +20,8 @@ pub struct Outcome(pub &'static str);
 
 /// What the idempotency layer does with the key once the route answered.
 /// Routes that finish their attempt themselves (the handler-level API) never
-/// need this; routes that only wear the layer may set it on a response.
+/// need this; routes that only wear the layer may set it on a response to
+/// override the layer's `FinishPolicy` for that answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Disposition {
     /// A definitive answer: save it and replay it to every repeat.
@@ -31,18 +32,6 @@ pub enum Disposition {
     /// The outcome is unknown: keep the record, end the lease now, so the
     /// caller's retry takes over at once.
     Release,
-}
-
-impl Disposition {
-    /// The default for a response that did not say: server errors are not
-    /// known to be final, everything else is.
-    pub fn for_status(status: StatusCode) -> Self {
-        if status.is_server_error() {
-            Disposition::Release
-        } else {
-            Disposition::Save
-        }
-    }
 }
 
 /// Detail of an error that must be logged but never sent to the client.
@@ -83,6 +72,12 @@ pub enum ApiError {
     Overloaded { retry_after_s: u64 },
     #[error("the request took longer than {limit_ms} ms; retry with the same key after {retry_after_s} s")]
     RequestTimeout { limit_ms: u64, retry_after_s: u64 },
+    /// The route ran, but its answer could not be saved under the key; this
+    /// problem is saved in its place, so a retry never runs the route again.
+    #[error(
+        "the request was processed, but its answer could not be saved ({reason}); this key answers with this problem from now on"
+    )]
+    ResponseNotSaved { reason: String },
     /// The string is logged, never sent.
     #[error("internal error")]
     Internal(String),
@@ -122,7 +117,7 @@ impl ApiError {
             | ApiError::StoreUnavailable { .. }
             | ApiError::Overloaded { .. }
             | ApiError::RequestTimeout { .. } => StatusCode::SERVICE_UNAVAILABLE,
-            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            ApiError::ResponseNotSaved { .. } | ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 
@@ -144,6 +139,7 @@ impl ApiError {
             ApiError::StoreUnavailable { .. } => "store_unavailable",
             ApiError::Overloaded { .. } => "overloaded",
             ApiError::RequestTimeout { .. } => "request_timeout",
+            ApiError::ResponseNotSaved { .. } => "response_not_saved",
             ApiError::Internal(_) => "internal_error",
         }
     }
@@ -177,6 +173,7 @@ impl ApiError {
             ApiError::StoreUnavailable { .. } => "Store unavailable",
             ApiError::Overloaded { .. } => "Overloaded",
             ApiError::RequestTimeout { .. } => "Request timeout",
+            ApiError::ResponseNotSaved { .. } => "Response not saved",
             ApiError::Internal(_) => "Internal error",
         }
     }
@@ -193,15 +190,16 @@ impl ApiError {
         }
     }
 
-    /// What the idempotency layer does with the key after this error.
+    /// What the idempotency layer does with the key after this error. An
+    /// internal error is saved: the route may have done part of its work,
+    /// and a retry must not run it again.
     pub fn disposition(&self) -> Disposition {
         match self {
             ApiError::InvalidRequest { .. } | ApiError::UnsupportedMediaType { .. } => Disposition::Abandon,
             ApiError::DownstreamUnavailable { .. }
             | ApiError::StoreUnavailable { .. }
             | ApiError::Overloaded { .. }
-            | ApiError::RequestTimeout { .. }
-            | ApiError::Internal(_) => Disposition::Release,
+            | ApiError::RequestTimeout { .. } => Disposition::Release,
             _ => Disposition::Save,
         }
     }
@@ -303,6 +301,11 @@ mod tests {
                 "store_unavailable",
             ),
             (ApiError::Overloaded { retry_after_s: 1 }, 503, "overloaded"),
+            (
+                ApiError::ResponseNotSaved { reason: "x".into() },
+                500,
+                "response_not_saved",
+            ),
         ];
         for (error, status, code) in cases {
             assert_eq!((error.status().as_u16(), error.code()), (status, code));

@@ -15,10 +15,12 @@
 
 mod attempt;
 mod layer;
+mod policy;
 pub mod saved;
 
 pub use attempt::{Attempt, PendingAttempt};
 pub use layer::{IdempotencyLayer, IdempotencyService};
+pub use policy::FinishPolicy;
 
 use crate::error::{ApiError, retry_after_seconds};
 use crate::metrics::{LATE_KEYS_TOTAL, LEASE_TAKEOVERS_TOTAL};
