@@ -42,6 +42,9 @@ pub const COMPLETION_FAILURES_TOTAL: &str = "idem_completion_failures_total";
 /// Route answers that could not be saved and were replaced by a saved 500
 /// `response_not_saved` (the idempotency layer).
 pub const RESPONSES_NOT_SAVED_TOTAL: &str = "idem_responses_not_saved_total";
+/// Claims sent again with the same token after an error that may hide a
+/// commit (the idempotency layer).
+pub const CLAIM_RESENDS_TOTAL: &str = "idem_claim_resends_total";
 /// Bytes the embedded store takes on disk (embedded stores only; read at scrape).
 pub const EMBEDDED_DISK_BYTES: &str = "idem_embedded_disk_bytes";
 /// Times the embedded store was reopened after a failed write (read at scrape).
@@ -125,6 +128,10 @@ fn describe() {
         RESPONSES_NOT_SAVED_TOTAL,
         "Route answers that could not be saved, replaced by a saved 500 response_not_saved."
     );
+    describe_counter!(
+        CLAIM_RESENDS_TOTAL,
+        "Claims sent again with the same token after an error that may hide a commit."
+    );
     describe_gauge!(
         EMBEDDED_DISK_BYTES,
         Unit::Bytes,
@@ -156,6 +163,7 @@ pub fn register_at_zero(records_backend: &'static str) {
         LABELS_EXISTING_TOTAL,
         COMPLETION_FAILURES_TOTAL,
         RESPONSES_NOT_SAVED_TOTAL,
+        CLAIM_RESENDS_TOTAL,
     ] {
         metrics::counter!(name).increment(0);
     }

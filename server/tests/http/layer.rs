@@ -485,6 +485,121 @@ async fn a_client_hanging_up_during_the_claim_leaves_no_orphaned_lease() {
     assert_eq!(calls.load(Ordering::SeqCst), 1);
 }
 
+/// A store whose claims commit but whose replies are lost, for the next
+/// `replies_to_lose` claims: a Redis response timeout, a PostgreSQL
+/// operation timeout during COMMIT, or an embedded sync error after the
+/// write reached the journal.
+struct ClaimReplyLosingStore {
+    inner: Arc<dyn IdempotencyStore>,
+    replies_to_lose: AtomicUsize,
+    releases: AtomicUsize,
+}
+
+impl ClaimReplyLosingStore {
+    fn new(replies_to_lose: usize) -> Arc<Self> {
+        Arc::new(Self {
+            inner: embedded(Policy::default()),
+            replies_to_lose: AtomicUsize::new(replies_to_lose),
+            releases: AtomicUsize::new(0),
+        })
+    }
+}
+
+#[async_trait]
+impl IdempotencyStore for ClaimReplyLosingStore {
+    fn backend_name(&self) -> &'static str {
+        "claim-reply-losing"
+    }
+    async fn claim(&self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
+        let outcome = self.inner.claim(request).await?;
+        let lose = self
+            .replies_to_lose
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| left.checked_sub(1))
+            .is_ok();
+        if lose {
+            return Err(StoreError::Unavailable {
+                detail: "response timed out after the claim committed".into(),
+                source: None,
+            });
+        }
+        Ok(outcome)
+    }
+    async fn checkpoint(&self, lease: &HeldLease, point: RecoveryPoint) -> Result<Fenced, StoreError> {
+        self.inner.checkpoint(lease, point).await
+    }
+    async fn complete(&self, lease: &HeldLease, saved: SavedResponse) -> Result<Fenced, StoreError> {
+        self.inner.complete(lease, saved).await
+    }
+    async fn release(&self, lease: &HeldLease) -> Result<Fenced, StoreError> {
+        self.releases.fetch_add(1, Ordering::SeqCst);
+        self.inner.release(lease).await
+    }
+    async fn abandon(&self, lease: &HeldLease) -> Result<Fenced, StoreError> {
+        self.inner.abandon(lease).await
+    }
+    async fn purge_expired(&self, limit: usize) -> Result<PurgeReport, StoreError> {
+        self.inner.purge_expired(limit).await
+    }
+    async fn inspect(&self, caller: &CallerId, key: &IdempotencyKey) -> Result<Option<Record>, StoreError> {
+        self.inner.inspect(caller, key).await
+    }
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.inner.ping().await
+    }
+}
+
+/// A claim that committed but whose reply was lost is re-sent with the
+/// same token and gets its lease back: the request is served, and its
+/// retry replays, instead of 503 then 409 for the whole lease (30 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_claim_reply_is_resent_and_the_request_is_served() {
+    let store = ClaimReplyLosingStore::new(1);
+    let (base, calls) = serve_route(store, created).await;
+    let key = fresh_key();
+    let first = post_order(&base, &key, "{}").await;
+    assert_eq!(
+        (first.status, first.header("idempotent-replayed")),
+        (201, None),
+        "{}",
+        first.text()
+    );
+    let retry = post_order(&base, &key, "{}").await;
+    assert_eq!(
+        (retry.status, retry.header("idempotent-replayed")),
+        (201, Some("true")),
+        "{}",
+        retry.text()
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+/// Every send of the claim loses its reply: the request answers 503, and
+/// the lease nobody holds is released in the background, so the next
+/// retry is served at once, not refused with 409 until the lease runs out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_whose_replies_are_all_lost_is_released_in_the_background() {
+    let store = ClaimReplyLosingStore::new(server::idempotency::CLAIM_SENDS_MAX as usize);
+    let (base, calls) = serve_route(store.clone(), created).await;
+    let key = fresh_key();
+    let first = post_order(&base, &key, "{}").await;
+    assert_eq!((first.status, first.code().as_str()), (503, "store_unavailable"));
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+    let mut waited_ms = 0;
+    while store.releases.load(Ordering::SeqCst) == 0 && waited_ms < 3_000 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        waited_ms += 20;
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let retry = post_order(&base, &key, "{}").await;
+    assert_eq!(
+        (retry.status, retry.header("idempotent-replayed")),
+        (201, None),
+        "{}",
+        retry.text()
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
 /// A store whose next `failures` completions fail before committing (a
 /// connection blip at the moment the answer is saved).
 struct CompletionFailingStore {
