@@ -72,6 +72,10 @@ pub enum ApiError {
     Overloaded { retry_after_s: u64 },
     #[error("the request took longer than {limit_ms} ms; retry with the same key after {retry_after_s} s")]
     RequestTimeout { limit_ms: u64, retry_after_s: u64 },
+    /// The stored record of this key cannot be decoded; the purge has set
+    /// it aside. Retrying will not help until an operator deletes it.
+    #[error("the stored record of this key is unreadable; the error was logged, and retrying will not help")]
+    RecordUnreadable,
     /// The route ran, but its answer could not be saved under the key; this
     /// problem is saved in its place, so a retry never runs the route again.
     #[error(
@@ -117,7 +121,9 @@ impl ApiError {
             | ApiError::StoreUnavailable { .. }
             | ApiError::Overloaded { .. }
             | ApiError::RequestTimeout { .. } => StatusCode::SERVICE_UNAVAILABLE,
-            ApiError::ResponseNotSaved { .. } | ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            ApiError::RecordUnreadable | ApiError::ResponseNotSaved { .. } | ApiError::Internal(_) => {
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
         }
     }
 
@@ -139,6 +145,7 @@ impl ApiError {
             ApiError::StoreUnavailable { .. } => "store_unavailable",
             ApiError::Overloaded { .. } => "overloaded",
             ApiError::RequestTimeout { .. } => "request_timeout",
+            ApiError::RecordUnreadable => "record_unreadable",
             ApiError::ResponseNotSaved { .. } => "response_not_saved",
             ApiError::Internal(_) => "internal_error",
         }
@@ -173,6 +180,7 @@ impl ApiError {
             ApiError::StoreUnavailable { .. } => "Store unavailable",
             ApiError::Overloaded { .. } => "Overloaded",
             ApiError::RequestTimeout { .. } => "Request timeout",
+            ApiError::RecordUnreadable => "Record unreadable",
             ApiError::ResponseNotSaved { .. } => "Response not saved",
             ApiError::Internal(_) => "Internal error",
         }
@@ -301,6 +309,7 @@ mod tests {
                 "store_unavailable",
             ),
             (ApiError::Overloaded { retry_after_s: 1 }, 503, "overloaded"),
+            (ApiError::RecordUnreadable, 500, "record_unreadable"),
             (
                 ApiError::ResponseNotSaved { reason: "x".into() },
                 500,

@@ -45,6 +45,9 @@ pub const RESPONSES_NOT_SAVED_TOTAL: &str = "idem_responses_not_saved_total";
 /// Claims sent again with the same token after an error that may hide a
 /// commit (the idempotency layer).
 pub const CLAIM_RESENDS_TOTAL: &str = "idem_claim_resends_total";
+/// Undecodable records the purge set aside instead of stopping at them
+/// (the FDB-style store); each is logged once with its key's SHA-256.
+pub const RECORDS_QUARANTINED_TOTAL: &str = "idem_records_quarantined_total";
 /// Bytes the embedded store takes on disk (embedded stores only; read at scrape).
 pub const EMBEDDED_DISK_BYTES: &str = "idem_embedded_disk_bytes";
 /// Times the embedded store was reopened after a failed write (read at scrape).
@@ -132,6 +135,10 @@ fn describe() {
         CLAIM_RESENDS_TOTAL,
         "Claims sent again with the same token after an error that may hide a commit."
     );
+    describe_counter!(
+        RECORDS_QUARANTINED_TOTAL,
+        "Undecodable records the purge set aside (each logged once with its key's SHA-256)."
+    );
     describe_gauge!(
         EMBEDDED_DISK_BYTES,
         Unit::Bytes,
@@ -164,6 +171,7 @@ pub fn register_at_zero(records_backend: &'static str) {
         COMPLETION_FAILURES_TOTAL,
         RESPONSES_NOT_SAVED_TOTAL,
         CLAIM_RESENDS_TOTAL,
+        RECORDS_QUARANTINED_TOTAL,
     ] {
         metrics::counter!(name).increment(0);
     }

@@ -4,8 +4,9 @@
 use std::time::Duration;
 use store_core::{
     CallerId, ClaimOutcome, ClaimRequest, Fingerprint, IdempotencyKey, IdempotencyStore, Policy, SavedResponse,
+    StoreError,
 };
-use store_fdb::{EmbeddedConfig, EmbeddedStore};
+use store_fdb::{EmbeddedConfig, EmbeddedStore, Engine, MaybeCommitted, RunOptions, Transaction};
 
 const RETENTION_MS: u64 = 300;
 const TOMBSTONE_MS: u64 = 400;
@@ -119,4 +120,56 @@ async fn large_records_are_purged_across_several_byte_bounded_transactions() {
     for key in &keys {
         assert_eq!(store.inspect(&caller, key).await.unwrap(), None);
     }
+}
+
+/// Overwrites the record of (caller, key) with bytes no codec version reads.
+async fn corrupt(store: &EmbeddedStore, caller: &CallerId, key: &str) {
+    let slot = store.layout().slot(caller, IdempotencyKey::new(key).unwrap().digest());
+    let chunk = store.layout().record_chunk_key(&slot, 0);
+    let chunk = &chunk;
+    store
+        .engine()
+        .run(
+            RunOptions::default(),
+            |tx, _maybe_committed: MaybeCommitted| async move {
+                tx.set(chunk, b"\xffnot a record")?;
+                Ok(())
+            },
+        )
+        .await
+        .unwrap();
+}
+
+/// One unreadable record must not stop the sweeper for good: the purge
+/// sets it aside (reported once), purges the others, and later runs do not
+/// meet it again; its key answers `Corrupt` (HTTP: 500 `record_unreadable`).
+#[tokio::test]
+async fn an_unreadable_record_is_quarantined_and_the_purge_goes_on() {
+    let store = store();
+    let caller = CallerId::new("purge").unwrap();
+    for i in 0..5 {
+        completed(&store, &caller, &format!("q{i}")).await;
+    }
+    corrupt(&store, &caller, "q2").await;
+    tokio::time::sleep(Duration::from_millis(RETENTION_MS + 50)).await;
+
+    let first = store
+        .purge_expired(100)
+        .await
+        .expect("the purge goes on past an unreadable record");
+    assert_eq!(
+        (first.records_purged, first.records_quarantined, first.more),
+        (4, 1, false)
+    );
+    let second = store.purge_expired(100).await.unwrap();
+    assert_eq!(
+        (second.records_purged, second.records_quarantined),
+        (0, 0),
+        "the quarantined record is reported once, not met again"
+    );
+    let request = ClaimRequest::new(caller.clone(), IdempotencyKey::new("q2").unwrap(), Fingerprint([3; 32]));
+    assert!(matches!(store.claim(&request).await, Err(StoreError::Corrupt(_))));
+    // The others are gone, and their keys are late, not unreadable.
+    let other = ClaimRequest::new(caller.clone(), IdempotencyKey::new("q1").unwrap(), Fingerprint([3; 32]));
+    assert!(matches!(store.claim(&other).await, Ok(ClaimOutcome::Acquired(acquired)) if acquired.late_key));
 }

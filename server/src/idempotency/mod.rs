@@ -176,14 +176,18 @@ impl Idempotency {
     }
 
     /// The API error for a store failure: 503 with `Retry-After` when a
-    /// retry may succeed (an outage is never a 500), else an internal error.
+    /// retry may succeed (an outage is never a 500), 500 `record_unreadable`
+    /// for a record no codec reads, else an internal error.
     pub fn store_error(&self, error: &StoreError) -> ApiError {
-        if error.is_retryable() {
-            ApiError::StoreUnavailable {
+        match error {
+            _ if error.is_retryable() => ApiError::StoreUnavailable {
                 retry_after_s: self.inner.store_retry_after_s,
+            },
+            StoreError::Corrupt(codec) => {
+                tracing::error!(error = %codec, "a stored record is unreadable");
+                ApiError::RecordUnreadable
             }
-        } else {
-            ApiError::Internal(format!("store: {error}"))
+            _ => ApiError::Internal(format!("store: {error}")),
         }
     }
 }

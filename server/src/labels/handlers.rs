@@ -51,7 +51,7 @@ use store_core::HeldLease;
             body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "`idempotency_key_reused`: same key, different request. Never retry blindly.",
             body = Problem, content_type = "application/problem+json"),
-        (status = 500, description = "`internal_error`.", body = Problem, content_type = "application/problem+json"),
+        (status = 500, description = "`internal_error`, or `record_unreadable` (the key's stored record cannot be decoded; retrying will not help).", body = Problem, content_type = "application/problem+json"),
         (status = 502, description = "`downstream_rejected`: the carrier refused the label for good. Saved and replayed.",
             body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "`downstream_unavailable` (the carrier gave no definite answer; the lease was released), `store_unavailable`, `overloaded` or `request_timeout`. Retry with the same key.",
@@ -171,7 +171,7 @@ fn stored_label(lease: &HeldLease, label: Label) -> StoredLabel {
             headers(("WWW-Authenticate" = String, description = "`Bearer`"))),
         (status = 404, description = "`not_found`: no such label, or it belongs to another caller.",
             body = Problem, content_type = "application/problem+json"),
-        (status = 500, description = "`internal_error`.", body = Problem, content_type = "application/problem+json"),
+        (status = 500, description = "`internal_error`, or `record_unreadable` (the key's stored record cannot be decoded; retrying will not help).", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "`store_unavailable`, `overloaded` or `request_timeout`.",
             body = Problem, content_type = "application/problem+json",
             headers(("Retry-After" = u64, description = "Seconds to wait before retrying.")))

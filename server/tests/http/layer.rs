@@ -600,6 +600,42 @@ async fn a_claim_whose_replies_are_all_lost_is_released_in_the_background() {
     assert_eq!(calls.load(Ordering::SeqCst), 1);
 }
 
+/// A record no codec reads (a torn write, a bad disk, a foreign writer)
+/// answers a clear 500 `record_unreadable`, and runs nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreadable_record_answers_500_record_unreadable() {
+    use store_fdb::{Engine, MaybeCommitted, RunOptions, Transaction};
+    let store = Arc::new(EmbeddedStore::open_embedded(&EmbeddedConfig::temporary(), Policy::default()).unwrap());
+    let (base, calls) = serve_route(store.clone(), created).await;
+    let key = fresh_key();
+    assert_eq!(post_order(&base, &key, "{}").await.status, 201);
+    let caller = CallerId::new("alice").unwrap();
+    let slot = store
+        .layout()
+        .slot(&caller, IdempotencyKey::new(&key).unwrap().digest());
+    let chunk = store.layout().record_chunk_key(&slot, 0);
+    let chunk = &chunk;
+    store
+        .engine()
+        .run(
+            RunOptions::default(),
+            |tx, _maybe_committed: MaybeCommitted| async move {
+                tx.set(chunk, b"\xffnot a record")?;
+                Ok(())
+            },
+        )
+        .await
+        .unwrap();
+    let reply = post_order(&base, &key, "{}").await;
+    assert_eq!(
+        (reply.status, reply.code().as_str()),
+        (500, "record_unreadable"),
+        "{}",
+        reply.text()
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "nothing ran again");
+}
+
 /// A store whose next `failures` completions fail before committing (a
 /// connection blip at the moment the answer is saved).
 struct CompletionFailingStore {
