@@ -4,6 +4,7 @@
 //! the other modules test what does not depend on the backend.
 
 mod carrier;
+mod carrier_trust;
 mod cases;
 mod common;
 mod layer;
