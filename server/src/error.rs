@@ -68,6 +68,8 @@ pub enum ApiError {
     DownstreamRejected { carrier_status: u16, detail: String },
     #[error("the idempotency store is unavailable; retry with the same key after {retry_after_s} s")]
     StoreUnavailable { retry_after_s: u64 },
+    #[error("the server is shutting down; retry on another instance")]
+    ShuttingDown { retry_after_s: u64 },
     #[error("too many requests in flight; retry later")]
     Overloaded { retry_after_s: u64 },
     #[error("the request took longer than {limit_ms} ms; retry with the same key after {retry_after_s} s")]
@@ -119,6 +121,7 @@ impl ApiError {
             ApiError::DownstreamRejected { .. } => StatusCode::BAD_GATEWAY,
             ApiError::DownstreamUnavailable { .. }
             | ApiError::StoreUnavailable { .. }
+            | ApiError::ShuttingDown { .. }
             | ApiError::Overloaded { .. }
             | ApiError::RequestTimeout { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::RecordUnreadable | ApiError::ResponseNotSaved { .. } | ApiError::Internal(_) => {
@@ -143,6 +146,7 @@ impl ApiError {
             ApiError::DownstreamUnavailable { .. } => "downstream_unavailable",
             ApiError::DownstreamRejected { .. } => "downstream_rejected",
             ApiError::StoreUnavailable { .. } => "store_unavailable",
+            ApiError::ShuttingDown { .. } => "shutting_down",
             ApiError::Overloaded { .. } => "overloaded",
             ApiError::RequestTimeout { .. } => "request_timeout",
             ApiError::RecordUnreadable => "record_unreadable",
@@ -178,6 +182,7 @@ impl ApiError {
             ApiError::DownstreamUnavailable { .. } => "Carrier unavailable",
             ApiError::DownstreamRejected { .. } => "Carrier rejected the label",
             ApiError::StoreUnavailable { .. } => "Store unavailable",
+            ApiError::ShuttingDown { .. } => "Shutting down",
             ApiError::Overloaded { .. } => "Overloaded",
             ApiError::RequestTimeout { .. } => "Request timeout",
             ApiError::RecordUnreadable => "Record unreadable",
@@ -192,6 +197,7 @@ impl ApiError {
             ApiError::RequestInProgress { retry_after_s }
             | ApiError::DownstreamUnavailable { retry_after_s }
             | ApiError::StoreUnavailable { retry_after_s }
+            | ApiError::ShuttingDown { retry_after_s }
             | ApiError::Overloaded { retry_after_s }
             | ApiError::RequestTimeout { retry_after_s, .. } => Some(*retry_after_s),
             _ => None,
@@ -206,6 +212,7 @@ impl ApiError {
             ApiError::InvalidRequest { .. } | ApiError::UnsupportedMediaType { .. } => Disposition::Abandon,
             ApiError::DownstreamUnavailable { .. }
             | ApiError::StoreUnavailable { .. }
+            | ApiError::ShuttingDown { .. }
             | ApiError::Overloaded { .. }
             | ApiError::RequestTimeout { .. } => Disposition::Release,
             _ => Disposition::Save,
@@ -309,6 +316,7 @@ mod tests {
                 "store_unavailable",
             ),
             (ApiError::Overloaded { retry_after_s: 1 }, 503, "overloaded"),
+            (ApiError::ShuttingDown { retry_after_s: 1 }, 503, "shutting_down"),
             (ApiError::RecordUnreadable, 500, "record_unreadable"),
             (
                 ApiError::ResponseNotSaved { reason: "x".into() },

@@ -16,6 +16,7 @@ mod public_address;
 mod redis_out_of_memory;
 mod routing;
 mod secrets;
+mod shutdown;
 mod slow_clients;
 
 /// One `#[tokio::test]` per case per backend.
