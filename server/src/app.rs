@@ -18,6 +18,7 @@ use crate::media_type::require_json;
 use crate::metrics::{prometheus_handle, register_at_zero};
 use crate::observe::observe;
 use crate::probes::{healthz, method_not_allowed, metrics, not_found, openapi_json, readyz};
+use crate::request_context::request_context;
 use crate::sweeper;
 use axum::Router;
 use axum::handler::Handler;
@@ -94,6 +95,9 @@ pub fn router(state: AppState, callers: Callers, limits: Limits) -> Router {
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(not_found)
         .layer(from_fn(observe))
+        // Outermost: the request id is on every answer and in the span of
+        // every line the request logs, the request line included.
+        .layer(from_fn(request_context))
         .with_state(state)
 }
 

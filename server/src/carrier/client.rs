@@ -20,6 +20,7 @@
 use super::{CARRIER_LABELS_PATH, CarrierLabel, CarrierLabelRequest};
 use crate::labels::LABEL_ID_BYTES_MAX;
 use crate::metrics::{CARRIER_CALL_DURATION_SECONDS, CARRIER_CALLS_TOTAL};
+use crate::request_context::TRACEPARENT_HEADER;
 use std::time::{Duration, Instant};
 
 /// Longest carrier error body kept for the saved problem, in bytes.
@@ -90,10 +91,21 @@ impl CarrierClient {
         })
     }
 
-    /// Buys a label with the derived carrier key.
+    /// Buys a label with the derived carrier key, in a trace of its own.
     pub async fn buy(&self, carrier_key: &str, request: &CarrierLabelRequest) -> CarrierOutcome {
+        self.buy_traced(carrier_key, request, None).await
+    }
+
+    /// Buys a label with the derived carrier key, sending `traceparent`
+    /// (W3C Trace Context) so the carrier's work joins the caller's trace.
+    pub async fn buy_traced(
+        &self,
+        carrier_key: &str,
+        request: &CarrierLabelRequest,
+        traceparent: Option<&str>,
+    ) -> CarrierOutcome {
         let started = Instant::now();
-        let outcome = self.send(carrier_key, request).await;
+        let outcome = self.send(carrier_key, request, traceparent).await;
         let label = outcome.metric_label();
         debug_assert!(
             CARRIER_OUTCOME_LABELS.contains(&label),
@@ -104,14 +116,17 @@ impl CarrierClient {
         outcome
     }
 
-    async fn send(&self, carrier_key: &str, request: &CarrierLabelRequest) -> CarrierOutcome {
-        let sent = self
-            .http
-            .post(&self.labels_url)
-            .header("idempotency-key", carrier_key)
-            .json(request)
-            .send()
-            .await;
+    async fn send(
+        &self,
+        carrier_key: &str,
+        request: &CarrierLabelRequest,
+        traceparent: Option<&str>,
+    ) -> CarrierOutcome {
+        let mut call = self.http.post(&self.labels_url).header("idempotency-key", carrier_key);
+        if let Some(traceparent) = traceparent {
+            call = call.header(TRACEPARENT_HEADER, traceparent);
+        }
+        let sent = call.json(request).send().await;
         let response = match sent {
             Ok(response) => response,
             Err(error) => return indeterminate(&error),

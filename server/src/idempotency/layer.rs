@@ -38,6 +38,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use store_core::{CallerId, Fingerprint, IdempotencyKey};
 use tower::{Layer, Service, ServiceExt};
+use tracing::Instrument;
 
 /// Makes every route it wraps idempotent.
 #[derive(Clone)]
@@ -116,17 +117,21 @@ where
             // The task keeps the request's place under the in-flight cap
             // until its work is done, even after the client hung up.
             let slot = prepared.request.extensions().get::<InFlightSlot>().cloned();
-            let task = idempotency.tasks().clone().spawn(async move {
-                let _slot = slot;
-                match claim(&idempotency, prepared).await {
-                    Ok(Claimed::Run(claimed)) => {
-                        let (attempt, request) = *claimed;
-                        run_route(attempt, inner, request, &finish_policy).await
+            // In the request's span, so its log lines carry the request id.
+            let task = idempotency.tasks().clone().spawn(
+                async move {
+                    let _slot = slot;
+                    match claim(&idempotency, prepared).await {
+                        Ok(Claimed::Run(claimed)) => {
+                            let (attempt, request) = *claimed;
+                            run_route(attempt, inner, request, &finish_policy).await
+                        }
+                        Ok(Claimed::Replay(response)) => response,
+                        Err(error) => error.into_response(),
                     }
-                    Ok(Claimed::Replay(response)) => response,
-                    Err(error) => error.into_response(),
                 }
-            });
+                .instrument(tracing::Span::current()),
+            );
             Ok(match task.await {
                 Ok(response) => response,
                 Err(error) => ApiError::Internal(format!("the request's task failed: {error}")).into_response(),

@@ -14,6 +14,7 @@ use crate::error::{ApiError, Outcome, Problem};
 use crate::failpoints;
 use crate::idempotency::{Attempt, now_ms};
 use crate::metrics::LABELS_EXISTING_TOTAL;
+use crate::request_context::TraceContext;
 use crate::time::rfc3339_from_ms;
 use axum::Json;
 use axum::body::Bytes;
@@ -59,7 +60,12 @@ use store_core::HeldLease;
             headers(("Retry-After" = u64, description = "Seconds to wait before retrying.")))
     )
 )]
-pub async fn create_label(State(state): State<AppState>, attempt: Attempt, body: Bytes) -> Response {
+pub async fn create_label(
+    State(state): State<AppState>,
+    trace: TraceContext,
+    attempt: Attempt,
+    body: Bytes,
+) -> Response {
     failpoints::reached(failpoints::AFTER_CLAIM).await;
     let request = match CreateLabelRequest::parse(&body) {
         Ok(request) => request,
@@ -85,11 +91,13 @@ pub async fn create_label(State(state): State<AppState>, attempt: Attempt, body:
                 .await;
         }
     }
+    let traceparent = trace.traceparent();
     let outcome = state
         .carrier
-        .buy(
+        .buy_traced(
             &carrier_key(&lease.caller, &lease.key),
             &CarrierLabelRequest::from(&request),
+            Some(&traceparent),
         )
         .await;
     match outcome {

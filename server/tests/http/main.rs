@@ -14,6 +14,7 @@ mod openapi;
 mod process;
 mod public_address;
 mod redis_out_of_memory;
+mod request_context;
 mod routing;
 mod secrets;
 mod shutdown;
