@@ -19,6 +19,7 @@ use crate::media_type::require_json;
 use crate::metrics::{prometheus_handle, register_at_zero};
 use crate::observe::observe;
 use crate::probes::{healthz, method_not_allowed, metrics, not_found, openapi_json, readyz};
+use crate::request_context::request_context;
 use crate::sweeper;
 use axum::Router;
 use axum::handler::Handler;
@@ -46,6 +47,8 @@ pub struct AppState {
     pub store_kind: &'static str,
     /// The embedded engine, when one holds records or labels (for its metrics).
     pub embedded: Option<EmbeddedEngine>,
+    /// Cancelled when shutdown begins: readiness fails from then on.
+    pub shutting_down: CancellationToken,
 }
 
 /// The label route: `POST` creates a label under an idempotency key.
@@ -94,6 +97,9 @@ pub fn router(state: AppState, callers: Callers, limits: Limits) -> Router {
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(not_found)
         .layer(from_fn(observe))
+        // Outermost: the request id is on every answer and in the span of
+        // every line the request logs, the request line included.
+        .layer(from_fn(request_context))
         .with_state(state)
 }
 
@@ -148,6 +154,7 @@ impl App {
             carrier_retry_after_s: config.carrier.retry_after_s,
             store_kind: config.store.kind.name(),
             embedded: backends.embedded.clone(),
+            shutting_down: CancellationToken::new(),
         };
         let limits = Limits::new(
             config.server.in_flight_max,
@@ -198,10 +205,12 @@ impl App {
         }
     }
 
-    /// Serves on `listener` until `shutdown` completes, then stops
-    /// accepting, lets requests in flight and their idempotent work finish
-    /// (up to `server.shutdown_grace_ms`), stops the sweeper and the carrier
-    /// simulator, and flushes the store.
+    /// Serves on `listener` until `shutdown` completes, then, all inside
+    /// `server.shutdown_grace_ms` from the signal: fails readiness at once
+    /// and keeps serving for `server.shutdown_readiness_delay_ms` (so a load
+    /// balancer stops sending before connections are refused), closes the
+    /// listener, lets requests in flight and their idempotent work finish,
+    /// then stops the sweeper and the carrier simulator, and flushes the store.
     pub async fn serve(
         self,
         listener: TcpListener,
@@ -210,22 +219,42 @@ impl App {
         self.config.check_demo_caller_address(listener.local_addr()?)?;
         let stop = CancellationToken::new();
         let sweeper = sweeper::spawn(self.backends.records.clone(), self.config.sweeper, stop.child_token());
-        let draining = CancellationToken::new();
-        let signal = draining.clone();
+        let (signalled, on_signal) = tokio::sync::oneshot::channel();
         tokio::spawn(async move {
             shutdown.await;
-            signal.cancel();
+            let _ = signalled.send(tokio::time::Instant::now());
         });
         let grace = Duration::from_millis(self.config.server.shutdown_grace_ms);
+        let readiness_delay = Duration::from_millis(self.config.server.shutdown_readiness_delay_ms).min(grace);
+        let draining = CancellationToken::new();
         let server = serve_connections(listener, self.router(), self.connection_limits(), draining.clone());
-        tokio::select! {
-            () = server => {}
-            () = async { draining.cancelled().await; tokio::time::sleep(grace).await } => {
-                tracing::warn!("shutdown grace period over with requests still in flight");
+        tokio::pin!(server);
+        let signalled_at = tokio::select! {
+            () = &mut server => None,
+            at = on_signal => Some(at.unwrap_or_else(|_| tokio::time::Instant::now())),
+        };
+        let deadline = signalled_at.unwrap_or_else(tokio::time::Instant::now) + grace;
+        self.state.shutting_down.cancel();
+        if signalled_at.is_some() {
+            tracing::info!(
+                ?readiness_delay,
+                ?grace,
+                "shutting down: readiness fails now, the listener closes next"
+            );
+            tokio::select! {
+                () = &mut server => {}
+                () = tokio::time::sleep(readiness_delay) => {}
+            }
+            draining.cancel();
+            tokio::select! {
+                () = &mut server => {}
+                () = tokio::time::sleep_until(deadline) => {
+                    tracing::warn!("shutdown grace period over with requests still in flight");
+                }
             }
         }
         self.tasks.close();
-        if tokio::time::timeout(grace, self.tasks.wait()).await.is_err() {
+        if tokio::time::timeout_at(deadline, self.tasks.wait()).await.is_err() {
             tracing::warn!("shutdown grace period over with idempotent work still running");
         }
         stop.cancel();

@@ -54,6 +54,10 @@ pub const CONNECTIONS_MAX_DEFAULT: usize = 4_096;
 pub const CONNECTIONS_MAX_LIMIT: usize = 1_000_000;
 /// Default time shutdown waits for requests and their work to finish.
 pub const SHUTDOWN_GRACE_MS_DEFAULT: u64 = 30_000;
+/// Default time between readiness failing and the listener closing at
+/// shutdown: long enough for a load balancer to see the probe fail and stop
+/// sending (a couple of probe periods). Capped by the grace period.
+pub const SHUTDOWN_READINESS_DELAY_MS_DEFAULT: u64 = 2_000;
 /// `Retry-After` for store outages and overload, in seconds.
 pub const RETRY_AFTER_S_DEFAULT: u64 = 1;
 /// Longest `Retry-After` the config may set, in seconds.
@@ -123,7 +127,12 @@ pub struct ServerConfig {
     /// The most API requests in flight, counting the work a request leaves
     /// running after its client hung up.
     pub in_flight_max: usize,
+    /// The whole shutdown, from the signal: readiness delay, draining
+    /// connections, and the idempotent work they left running.
     pub shutdown_grace_ms: u64,
+    /// At shutdown, how long `/readyz` answers 503 before the listener
+    /// closes (capped by `shutdown_grace_ms`).
+    pub shutdown_readiness_delay_ms: u64,
     /// `Retry-After` on store outages, overload and timeouts.
     pub retry_after_s: u64,
     /// Time a client has to send a whole request head, and the longest a
@@ -383,6 +392,7 @@ impl Default for ServerConfig {
             request_timeout_ms: REQUEST_TIMEOUT_MS_DEFAULT,
             in_flight_max: IN_FLIGHT_MAX_DEFAULT,
             shutdown_grace_ms: SHUTDOWN_GRACE_MS_DEFAULT,
+            shutdown_readiness_delay_ms: SHUTDOWN_READINESS_DELAY_MS_DEFAULT,
             retry_after_s: RETRY_AFTER_S_DEFAULT,
             header_read_timeout_ms: HEADER_READ_TIMEOUT_MS_DEFAULT,
             connections_max: CONNECTIONS_MAX_DEFAULT,
@@ -658,6 +668,12 @@ impl Config {
         check_range(
             "server.shutdown_grace_ms",
             server.shutdown_grace_ms,
+            0,
+            REQUEST_TIMEOUT_MS_MAX,
+        )?;
+        check_range(
+            "server.shutdown_readiness_delay_ms",
+            server.shutdown_readiness_delay_ms,
             0,
             REQUEST_TIMEOUT_MS_MAX,
         )?;

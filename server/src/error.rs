@@ -20,7 +20,8 @@ pub struct Outcome(pub &'static str);
 
 /// What the idempotency layer does with the key once the route answered.
 /// Routes that finish their attempt themselves (the handler-level API) never
-/// need this; routes that only wear the layer may set it on a response.
+/// need this; routes that only wear the layer may set it on a response to
+/// override the layer's `FinishPolicy` for that answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Disposition {
     /// A definitive answer: save it and replay it to every repeat.
@@ -31,18 +32,6 @@ pub enum Disposition {
     /// The outcome is unknown: keep the record, end the lease now, so the
     /// caller's retry takes over at once.
     Release,
-}
-
-impl Disposition {
-    /// The default for a response that did not say: server errors are not
-    /// known to be final, everything else is.
-    pub fn for_status(status: StatusCode) -> Self {
-        if status.is_server_error() {
-            Disposition::Release
-        } else {
-            Disposition::Save
-        }
-    }
 }
 
 /// Detail of an error that must be logged but never sent to the client.
@@ -79,10 +68,22 @@ pub enum ApiError {
     DownstreamRejected { carrier_status: u16, detail: String },
     #[error("the idempotency store is unavailable; retry with the same key after {retry_after_s} s")]
     StoreUnavailable { retry_after_s: u64 },
+    #[error("the server is shutting down; retry on another instance")]
+    ShuttingDown { retry_after_s: u64 },
     #[error("too many requests in flight; retry later")]
     Overloaded { retry_after_s: u64 },
     #[error("the request took longer than {limit_ms} ms; retry with the same key after {retry_after_s} s")]
     RequestTimeout { limit_ms: u64, retry_after_s: u64 },
+    /// The stored record of this key cannot be decoded; the purge has set
+    /// it aside. Retrying will not help until an operator deletes it.
+    #[error("the stored record of this key is unreadable; the error was logged, and retrying will not help")]
+    RecordUnreadable,
+    /// The route ran, but its answer could not be saved under the key; this
+    /// problem is saved in its place, so a retry never runs the route again.
+    #[error(
+        "the request was processed, but its answer could not be saved ({reason}); this key answers with this problem from now on"
+    )]
+    ResponseNotSaved { reason: String },
     /// The string is logged, never sent.
     #[error("internal error")]
     Internal(String),
@@ -120,9 +121,12 @@ impl ApiError {
             ApiError::DownstreamRejected { .. } => StatusCode::BAD_GATEWAY,
             ApiError::DownstreamUnavailable { .. }
             | ApiError::StoreUnavailable { .. }
+            | ApiError::ShuttingDown { .. }
             | ApiError::Overloaded { .. }
             | ApiError::RequestTimeout { .. } => StatusCode::SERVICE_UNAVAILABLE,
-            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            ApiError::RecordUnreadable | ApiError::ResponseNotSaved { .. } | ApiError::Internal(_) => {
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
         }
     }
 
@@ -142,8 +146,11 @@ impl ApiError {
             ApiError::DownstreamUnavailable { .. } => "downstream_unavailable",
             ApiError::DownstreamRejected { .. } => "downstream_rejected",
             ApiError::StoreUnavailable { .. } => "store_unavailable",
+            ApiError::ShuttingDown { .. } => "shutting_down",
             ApiError::Overloaded { .. } => "overloaded",
             ApiError::RequestTimeout { .. } => "request_timeout",
+            ApiError::RecordUnreadable => "record_unreadable",
+            ApiError::ResponseNotSaved { .. } => "response_not_saved",
             ApiError::Internal(_) => "internal_error",
         }
     }
@@ -175,8 +182,11 @@ impl ApiError {
             ApiError::DownstreamUnavailable { .. } => "Carrier unavailable",
             ApiError::DownstreamRejected { .. } => "Carrier rejected the label",
             ApiError::StoreUnavailable { .. } => "Store unavailable",
+            ApiError::ShuttingDown { .. } => "Shutting down",
             ApiError::Overloaded { .. } => "Overloaded",
             ApiError::RequestTimeout { .. } => "Request timeout",
+            ApiError::RecordUnreadable => "Record unreadable",
+            ApiError::ResponseNotSaved { .. } => "Response not saved",
             ApiError::Internal(_) => "Internal error",
         }
     }
@@ -187,21 +197,24 @@ impl ApiError {
             ApiError::RequestInProgress { retry_after_s }
             | ApiError::DownstreamUnavailable { retry_after_s }
             | ApiError::StoreUnavailable { retry_after_s }
+            | ApiError::ShuttingDown { retry_after_s }
             | ApiError::Overloaded { retry_after_s }
             | ApiError::RequestTimeout { retry_after_s, .. } => Some(*retry_after_s),
             _ => None,
         }
     }
 
-    /// What the idempotency layer does with the key after this error.
+    /// What the idempotency layer does with the key after this error. An
+    /// internal error is saved: the route may have done part of its work,
+    /// and a retry must not run it again.
     pub fn disposition(&self) -> Disposition {
         match self {
             ApiError::InvalidRequest { .. } | ApiError::UnsupportedMediaType { .. } => Disposition::Abandon,
             ApiError::DownstreamUnavailable { .. }
             | ApiError::StoreUnavailable { .. }
+            | ApiError::ShuttingDown { .. }
             | ApiError::Overloaded { .. }
-            | ApiError::RequestTimeout { .. }
-            | ApiError::Internal(_) => Disposition::Release,
+            | ApiError::RequestTimeout { .. } => Disposition::Release,
             _ => Disposition::Save,
         }
     }
@@ -303,6 +316,13 @@ mod tests {
                 "store_unavailable",
             ),
             (ApiError::Overloaded { retry_after_s: 1 }, 503, "overloaded"),
+            (ApiError::ShuttingDown { retry_after_s: 1 }, 503, "shutting_down"),
+            (ApiError::RecordUnreadable, 500, "record_unreadable"),
+            (
+                ApiError::ResponseNotSaved { reason: "x".into() },
+                500,
+                "response_not_saved",
+            ),
         ];
         for (error, status, code) in cases {
             assert_eq!((error.status().as_u16(), error.code()), (status, code));

@@ -36,6 +36,7 @@ pub mod observe;
 pub mod openapi;
 pub mod probes;
 pub mod redact;
+pub mod request_context;
 pub mod sweeper;
 pub mod time;
 

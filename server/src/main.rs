@@ -163,7 +163,14 @@ fn init_tracing(log: &LogConfig) {
         .with_writer(std::io::stdout)
         .with_ansi(colour);
     let _ = match log.format {
-        LogFormat::Json => builder.json().try_init(),
+        // Flat: the event's fields at the top level; the request's span
+        // (request_id, trace_id) under `span`.
+        LogFormat::Json => builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(true)
+            .with_span_list(false)
+            .try_init(),
         LogFormat::Text => builder.try_init(),
     };
 }

@@ -44,6 +44,15 @@ pub const CARRIER_CALL_DURATION_SECONDS: &str = "idem_carrier_call_duration_seco
 pub const LABELS_EXISTING_TOTAL: &str = "idem_labels_existing_total";
 /// Attempts whose outcome could not be recorded (store failure after the work).
 pub const COMPLETION_FAILURES_TOTAL: &str = "idem_completion_failures_total";
+/// Route answers that could not be saved and were replaced by a saved 500
+/// `response_not_saved` (the idempotency layer).
+pub const RESPONSES_NOT_SAVED_TOTAL: &str = "idem_responses_not_saved_total";
+/// Claims sent again with the same token after an error that may hide a
+/// commit (the idempotency layer).
+pub const CLAIM_RESENDS_TOTAL: &str = "idem_claim_resends_total";
+/// Undecodable records the purge set aside instead of stopping at them
+/// (the FDB-style store); each is logged once with its key's SHA-256.
+pub const RECORDS_QUARANTINED_TOTAL: &str = "idem_records_quarantined_total";
 /// Bytes the embedded store takes on disk (embedded stores only; read at scrape).
 pub const EMBEDDED_DISK_BYTES: &str = "idem_embedded_disk_bytes";
 /// Times the embedded store was reopened after a failed write (read at scrape).
@@ -128,6 +137,18 @@ fn describe() {
         COMPLETION_FAILURES_TOTAL,
         "Attempts whose outcome could not be saved because the store failed after the work."
     );
+    describe_counter!(
+        RESPONSES_NOT_SAVED_TOTAL,
+        "Route answers that could not be saved, replaced by a saved 500 response_not_saved."
+    );
+    describe_counter!(
+        CLAIM_RESENDS_TOTAL,
+        "Claims sent again with the same token after an error that may hide a commit."
+    );
+    describe_counter!(
+        RECORDS_QUARANTINED_TOTAL,
+        "Undecodable records the purge set aside (each logged once with its key's SHA-256)."
+    );
     describe_gauge!(
         EMBEDDED_DISK_BYTES,
         Unit::Bytes,
@@ -158,6 +179,9 @@ pub fn register_at_zero(records_backend: &'static str) {
         TOMBSTONES_PURGED_TOTAL,
         LABELS_EXISTING_TOTAL,
         COMPLETION_FAILURES_TOTAL,
+        RESPONSES_NOT_SAVED_TOTAL,
+        CLAIM_RESENDS_TOTAL,
+        RECORDS_QUARANTINED_TOTAL,
     ] {
         metrics::counter!(name).increment(0);
     }

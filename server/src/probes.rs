@@ -1,6 +1,7 @@
 //! Operations routes: liveness, readiness, metrics and the API document.
 
 use crate::app::AppState;
+use crate::config::RETRY_AFTER_S_DEFAULT;
 use crate::error::{ApiError, Outcome};
 use axum::Json;
 use axum::extract::State;
@@ -34,10 +35,16 @@ pub async fn healthz(State(state): State<AppState>) -> Json<Health> {
 #[utoipa::path(get, path = "/readyz", tag = "operations",
     responses(
         (status = 200, description = "Records and labels are reachable.", body = Health, content_type = "application/json"),
-        (status = 503, description = "`store_unavailable`.", body = crate::error::Problem, content_type = "application/problem+json",
+        (status = 503, description = "`store_unavailable`, or `shutting_down` (the server stops soon; its listener is still open).", body = crate::error::Problem, content_type = "application/problem+json",
             headers(("Retry-After" = u64, description = "Seconds to wait before asking again.")))
     ))]
 pub async fn readyz(State(state): State<AppState>) -> Response {
+    if state.shutting_down.is_cancelled() {
+        return ApiError::ShuttingDown {
+            retry_after_s: RETRY_AFTER_S_DEFAULT,
+        }
+        .into_response();
+    }
     let pinged = match state.idempotency.store().ping().await {
         Ok(()) => state.labels.ping().await,
         Err(error) => Err(error),

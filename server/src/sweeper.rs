@@ -2,7 +2,10 @@
 //! at a fixed interval, so the store does not grow without end.
 
 use crate::config::SweeperConfig;
-use crate::metrics::{RECORDS_PURGED_TOTAL, SWEEPER_RUN_DURATION_SECONDS, SWEEPER_RUNS_TOTAL, TOMBSTONES_PURGED_TOTAL};
+use crate::metrics::{
+    RECORDS_PURGED_TOTAL, RECORDS_QUARANTINED_TOTAL, SWEEPER_RUN_DURATION_SECONDS, SWEEPER_RUNS_TOTAL,
+    TOMBSTONES_PURGED_TOTAL,
+};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use store_core::{IdempotencyStore, PurgeReport, StoreError};
@@ -13,6 +16,8 @@ use tokio_util::sync::CancellationToken;
 pub struct SweepReport {
     pub records_purged: u64,
     pub tombstones_purged: u64,
+    /// Undecodable records set aside (see `PurgeReport::records_quarantined`).
+    pub records_quarantined: u64,
     pub batches: usize,
     /// True when the run stopped at its batch cap with more due.
     pub more: bool,
@@ -26,13 +31,16 @@ pub async fn sweep_once(store: &dyn IdempotencyStore, config: &SweeperConfig) ->
         let PurgeReport {
             records_purged,
             tombstones_purged,
+            records_quarantined,
             more,
         } = store.purge_expired(config.batch_max).await?;
         report.batches += 1;
         report.records_purged += records_purged;
         report.tombstones_purged += tombstones_purged;
+        report.records_quarantined += records_quarantined;
         metrics::counter!(RECORDS_PURGED_TOTAL).increment(records_purged);
         metrics::counter!(TOMBSTONES_PURGED_TOTAL).increment(tombstones_purged);
+        metrics::counter!(RECORDS_QUARANTINED_TOTAL).increment(records_quarantined);
         report.more = more;
         if !more {
             break;
@@ -61,10 +69,11 @@ pub fn spawn(
             match result {
                 Ok(report) => {
                     metrics::counter!(SWEEPER_RUNS_TOTAL, "result" => "ok").increment(1);
-                    if report.records_purged + report.tombstones_purged > 0 {
+                    if report.records_purged + report.tombstones_purged + report.records_quarantined > 0 {
                         tracing::info!(
                             records = report.records_purged,
                             tombstones = report.tombstones_purged,
+                            quarantined = report.records_quarantined,
                             batches = report.batches,
                             more = report.more,
                             "sweeper purged expired records"

@@ -99,6 +99,10 @@ pub struct PurgeReport {
     pub records_purged: u64,
     /// Tombstones deleted because their own window ended.
     pub tombstones_purged: u64,
+    /// Records that could not be decoded: left in place, taken out of the
+    /// purge's way (so one bad record does not stop every run) and reported
+    /// once. Their keys answer "record unreadable" until an operator acts.
+    pub records_quarantined: u64,
     /// True when the batch limit was reached and more may be due.
     pub more: bool,
 }

@@ -102,6 +102,7 @@ impl IdempotencyStore for MemoryStore {
         Ok(PurgeReport {
             records_purged,
             tombstones_purged: 0,
+            records_quarantined: 0,
             more,
         })
     }

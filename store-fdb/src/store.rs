@@ -17,8 +17,9 @@ use std::future::Future;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use store_core::machine::{self, CompletionFence, Found, Step, Write};
 use store_core::{
-    CallerId, ClaimOutcome, ClaimRequest, Fenced, HeldLease, IdempotencyKey, IdempotencyStore, PURGE_BATCH_MAX, Policy,
-    PurgeReport, Record, RecoveryPoint, SavedResponse, StoreError, decode_record, encode_record,
+    CallerId, ClaimOutcome, ClaimRequest, Fenced, HeldLease, IdempotencyKey, IdempotencyStore, KeyDigest,
+    PURGE_BATCH_MAX, Policy, PurgeReport, Record, RecoveryPoint, SavedResponse, StoreError, decode_record,
+    encode_record,
 };
 
 /// Index entries one purge transaction handles at most.
@@ -39,10 +40,28 @@ pub const PURGE_TRANSACTION_MS_MAX: u64 = 2_000;
 struct PurgeBatch {
     records: u64,
     tombstones: u64,
+    /// Records that could not be decoded, set aside: (caller, key digest).
+    quarantined: Vec<(CallerId, KeyDigest)>,
     /// Index entries handled (cleared), stale ones included.
     entries: usize,
     /// True when the shard has no more due entries.
     drained: bool,
+}
+
+/// What the purge did with the record behind one index entry, and how many
+/// record bytes it read.
+enum RecordPurge {
+    Purged {
+        bytes: usize,
+    },
+    /// Absent, extended, or not yet purgeable: a stale index entry.
+    Kept {
+        bytes: usize,
+    },
+    /// Could not be decoded: quarantined.
+    Unreadable {
+        bytes: usize,
+    },
 }
 
 /// Milliseconds since the Unix epoch by this process's clock. FoundationDB
@@ -256,9 +275,17 @@ impl<E: Engine> FdbStore<E> {
                         continue;
                     };
                     if kind == KIND_RECORD {
-                        let (purged, bytes) = self.purge_record(&tx, &slot, expires_at_ms, now).await?;
-                        batch.records += u64::from(purged);
-                        bytes_read += bytes;
+                        match self.purge_record(&tx, &slot, expires_at_ms, now).await? {
+                            RecordPurge::Purged { bytes } => {
+                                batch.records += 1;
+                                bytes_read += bytes;
+                            }
+                            RecordPurge::Kept { bytes } => bytes_read += bytes,
+                            RecordPurge::Unreadable { bytes } => {
+                                batch.quarantined.push((slot.caller.clone(), slot.digest));
+                                bytes_read += bytes;
+                            }
+                        }
                     } else {
                         batch.tombstones += u64::from(self.purge_tombstone(&tx, &slot, expires_at_ms, now).await?);
                     }
@@ -271,20 +298,29 @@ impl<E: Engine> FdbStore<E> {
     /// Deletes the record behind an index entry after re-checking that it
     /// is still the record the entry describes and that it has expired, and
     /// leaves a tombstone so a late retry is noticed.
-    /// Returns whether it purged, and how many record bytes it read.
+    ///
+    /// A record that cannot be decoded is quarantined: left where it is,
+    /// its index entry cleared (by the caller) so no later purge meets it
+    /// again, and reported. Aborting the transaction instead would stop
+    /// every purge run at the same entry for good.
     async fn purge_record(
         &self,
         tx: &E::Tx,
         slot: &Slot,
         expires_at_ms: u64,
         now: u64,
-    ) -> Result<(bool, usize), TxError> {
-        let Some(bytes) = read_record_bytes(tx, slot).await? else {
-            return Ok((false, 0));
+    ) -> Result<RecordPurge, TxError> {
+        let bytes = match read_record_bytes(tx, slot).await {
+            Ok(Some(bytes)) => bytes,
+            Ok(None) => return Ok(RecordPurge::Kept { bytes: 0 }),
+            Err(TxError::Abort(StoreError::Corrupt(_))) => return Ok(RecordPurge::Unreadable { bytes: 0 }),
+            Err(error) => return Err(error),
         };
-        let record = decode_record(&bytes)?;
+        let Ok(record) = decode_record(&bytes) else {
+            return Ok(RecordPurge::Unreadable { bytes: bytes.len() });
+        };
         if record.expires_at_ms != expires_at_ms || !machine::is_purgeable(&record, now) {
-            return Ok((false, bytes.len()));
+            return Ok(RecordPurge::Kept { bytes: bytes.len() });
         }
         let (begin, end) = slot.record.range();
         tx.clear_range(&begin, &end).await?;
@@ -293,7 +329,7 @@ impl<E: Engine> FdbStore<E> {
             tx.set(&slot.tombstone_key, &tombstone_expires.to_be_bytes())?;
             tx.set(&self.layout.expiry_key(slot, tombstone_expires, KIND_TOMBSTONE), &[])?;
         }
-        Ok((true, bytes.len()))
+        Ok(RecordPurge::Purged { bytes: bytes.len() })
     }
 
     async fn purge_tombstone(&self, tx: &E::Tx, slot: &Slot, expires_at_ms: u64, now: u64) -> Result<bool, TxError> {
@@ -393,6 +429,12 @@ impl<E: Engine> IdempotencyStore for FdbStore<E> {
                     .await?;
                 report.records_purged += batch.records;
                 report.tombstones_purged += batch.tombstones;
+                report.records_quarantined += batch.quarantined.len() as u64;
+                // Logged after the commit, so once: the index entry is gone.
+                for (caller, digest) in &batch.quarantined {
+                    tracing::error!(%caller, key_sha256 = %digest, "quarantined an unreadable record: \
+                        it is no longer purged, and its key answers record_unreadable until it is deleted");
+                }
                 handled += batch.entries;
                 if batch.drained {
                     break;

@@ -294,6 +294,50 @@ pub async fn a_record_whose_retention_was_extended_is_not_purged_by_its_old_inde
     assert_eq!(store.claim(&request).await.unwrap(), ClaimOutcome::Replay(response));
 }
 
+/// One unreadable record must not stop the sweeper for good: the purge
+/// sets it aside (reported once), purges the others, and later runs do not
+/// meet it again; its key answers `Corrupt` (HTTP: 500 `record_unreadable`).
+pub async fn an_unreadable_record_is_quarantined_and_the_purge_goes_on<E: Engine>(test: TestEngine<E>) {
+    let store = test.store(purge_policy());
+    let caller = caller("purge");
+    for i in 0..5 {
+        completed(&store, &caller, &key(&format!("q{i}")), done()).await;
+    }
+    // Overwrite q2's record with bytes no codec version reads.
+    let slot = store.layout().slot(&caller, key("q2").digest());
+    let chunk = store.layout().record_chunk_key(&slot, 0);
+    let chunk = &chunk;
+    store
+        .engine()
+        .run(RunOptions::default(), |tx, _| async move {
+            tx.set(chunk, b"\xffnot a record")?;
+            Ok(())
+        })
+        .await
+        .expect("write the unreadable record");
+    sleep_ms(PURGE_RETENTION_MS + 50).await;
+
+    let first = store
+        .purge_expired(100)
+        .await
+        .expect("the purge goes on past an unreadable record");
+    assert_eq!(
+        (first.records_purged, first.records_quarantined, first.more),
+        (4, 1, false)
+    );
+    let second = store.purge_expired(100).await.expect("a second purge");
+    assert_eq!(
+        (second.records_purged, second.records_quarantined),
+        (0, 0),
+        "the quarantined record is reported once, not met again"
+    );
+    let request = ClaimRequest::new(caller.clone(), key("q2"), Fingerprint([3; 32]));
+    assert!(matches!(store.claim(&request).await, Err(StoreError::Corrupt(_))));
+    // The others are gone, and their keys are late, not unreadable.
+    let other = ClaimRequest::new(caller.clone(), key("q1"), Fingerprint([3; 32]));
+    assert!(acquire(&store, &other).await.late_key);
+}
+
 /// Four records of 600 KB in one shard: a purge transaction stops reading
 /// once it has read 1 MB, so that shard takes two transactions.
 pub async fn large_records_are_purged_across_several_byte_bounded_transactions<E: Engine>(test: TestEngine<E>) {
@@ -624,6 +668,7 @@ macro_rules! store_tests {
             purge_works_in_bounded_batches_and_tombstones_expire_in_turn,
             a_record_whose_retention_was_extended_is_not_purged_by_its_old_index_entry,
             large_records_are_purged_across_several_byte_bounded_transactions,
+            an_unreadable_record_is_quarantined_and_the_purge_goes_on,
             a_slow_purge_is_split_before_five_seconds,
             complete_with_runs_the_effect_once_and_never_for_a_lost_lease,
             foundationdb_limits_are_enforced_with_its_error_kinds,

@@ -245,6 +245,7 @@ impl PostgresStore {
         Ok(PurgeReport {
             records_purged: records.unsigned_abs(),
             tombstones_purged: tombstones.unsigned_abs(),
+            records_quarantined: 0,
             more: batch > 0 && (records >= limit || tombstones >= limit),
         })
     }

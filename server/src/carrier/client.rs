@@ -2,18 +2,39 @@
 //!
 //! Every answer is sorted into one of three outcomes. Only a definite answer
 //! may be saved under the caller's key: a label (bought now or replayed by
-//! the carrier's own key) or a refusal (a 4xx other than 408/409/429).
-//! Everything else (a timeout, a dropped connection, a 5xx, a 409 because
-//! our earlier attempt is still running there, an unreadable body) leaves the
-//! purchase unknown, and the attempt must release its lease so that the
-//! caller's retry repeats the call with the same carrier key.
+//! the carrier's own key) that matches what we asked for, or an explicit
+//! business refusal ([`CARRIER_REFUSAL_STATUSES`]: 422). Everything else
+//! leaves the purchase unknown or the carrier unusable for now, and the
+//! attempt must release its lease so that the caller's retry repeats the
+//! call with the same carrier key:
+//! - a timeout, a dropped connection, a 408, 429 or 5xx, a 409 because our
+//!   earlier attempt is still running there;
+//! - an answer that is not about the parcel at all: a redirect (never
+//!   followed: it would re-send the purchase, with our key, elsewhere), a
+//!   401 or 403 (a bad credential must not poison every key for 24 h with a
+//!   saved 502), a 404, a 415, any other status;
+//! - a body over [`CARRIER_BODY_BYTES_MAX`], unreadable, or a label that
+//!   does not echo our parcel or whose id or tracking number we could not
+//!   store and serve.
 
 use super::{CARRIER_LABELS_PATH, CarrierLabel, CarrierLabelRequest};
+use crate::labels::LABEL_ID_BYTES_MAX;
 use crate::metrics::{CARRIER_CALL_DURATION_SECONDS, CARRIER_CALLS_TOTAL};
+use crate::request_context::TRACEPARENT_HEADER;
 use std::time::{Duration, Instant};
 
 /// Longest carrier error body kept for the saved problem, in bytes.
 pub const CARRIER_DETAIL_BYTES_MAX: usize = 512;
+/// Most bytes of a carrier answer read; a longer one is not a label.
+pub const CARRIER_BODY_BYTES_MAX: usize = 64 * 1024;
+/// Longest tracking number accepted from the carrier, in bytes.
+pub const TRACKING_NO_BYTES_MAX: usize = 64;
+/// The carrier's statuses that refuse the purchase for good (a business
+/// refusal: the key reused with another parcel, a service the address does
+/// not have). Saved as 502 `downstream_rejected` and replayed. A 400 is not
+/// among them: our requests are valid by construction, so a 400 says the
+/// carrier or something in between misbehaves, not that the parcel is refused.
+pub const CARRIER_REFUSAL_STATUSES: [u16; 1] = [422];
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CarrierOutcome {
@@ -38,13 +59,14 @@ impl CarrierOutcome {
 }
 
 /// Every `outcome` label [`CarrierOutcome::metric_label`] gives.
-pub const CARRIER_OUTCOME_LABELS: [&str; 8] = [
+pub const CARRIER_OUTCOME_LABELS: [&str; 9] = [
     "purchased",
     "replayed",
     "rejected",
     "malformed",
     "in_progress",
     "server_error",
+    "unexpected_status",
     "timeout",
     "connection_error",
 ];
@@ -60,6 +82,7 @@ impl CarrierClient {
     pub fn new(base_url: &str, timeout: Duration) -> Result<Self, String> {
         let http = reqwest::Client::builder()
             .timeout(timeout)
+            .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(|error| format!("carrier client: {error}"))?;
         Ok(Self {
@@ -68,10 +91,21 @@ impl CarrierClient {
         })
     }
 
-    /// Buys a label with the derived carrier key.
+    /// Buys a label with the derived carrier key, in a trace of its own.
     pub async fn buy(&self, carrier_key: &str, request: &CarrierLabelRequest) -> CarrierOutcome {
+        self.buy_traced(carrier_key, request, None).await
+    }
+
+    /// Buys a label with the derived carrier key, sending `traceparent`
+    /// (W3C Trace Context) so the carrier's work joins the caller's trace.
+    pub async fn buy_traced(
+        &self,
+        carrier_key: &str,
+        request: &CarrierLabelRequest,
+        traceparent: Option<&str>,
+    ) -> CarrierOutcome {
         let started = Instant::now();
-        let outcome = self.send(carrier_key, request).await;
+        let outcome = self.send(carrier_key, request, traceparent).await;
         let label = outcome.metric_label();
         debug_assert!(
             CARRIER_OUTCOME_LABELS.contains(&label),
@@ -82,14 +116,17 @@ impl CarrierClient {
         outcome
     }
 
-    async fn send(&self, carrier_key: &str, request: &CarrierLabelRequest) -> CarrierOutcome {
-        let sent = self
-            .http
-            .post(&self.labels_url)
-            .header("idempotency-key", carrier_key)
-            .json(request)
-            .send()
-            .await;
+    async fn send(
+        &self,
+        carrier_key: &str,
+        request: &CarrierLabelRequest,
+        traceparent: Option<&str>,
+    ) -> CarrierOutcome {
+        let mut call = self.http.post(&self.labels_url).header("idempotency-key", carrier_key);
+        if let Some(traceparent) = traceparent {
+            call = call.header(TRACEPARENT_HEADER, traceparent);
+        }
+        let sent = call.json(request).send().await;
         let response = match sent {
             Ok(response) => response,
             Err(error) => return indeterminate(&error),
@@ -97,24 +134,108 @@ impl CarrierClient {
         let status = response.status();
         let replayed = response.headers().contains_key("idempotent-replayed");
         if status.is_success() {
-            return match response.json::<CarrierLabel>().await {
-                Ok(label) => CarrierOutcome::Purchased { label, replayed },
-                Err(error) if error.is_decode() => CarrierOutcome::Indeterminate { reason: "malformed" },
+            return match read_bounded(response, CARRIER_BODY_BYTES_MAX).await {
+                Ok(Body::Complete(bytes)) => purchased(&bytes, request, replayed),
+                Ok(Body::TooLarge) => CarrierOutcome::Indeterminate { reason: "malformed" },
                 Err(error) => indeterminate(&error),
             };
         }
         match status.as_u16() {
             409 => CarrierOutcome::Indeterminate { reason: "in_progress" },
             408 | 429 | 500..=599 => CarrierOutcome::Indeterminate { reason: "server_error" },
-            code => {
-                let detail = response.text().await.unwrap_or_default();
+            code if CARRIER_REFUSAL_STATUSES.contains(&code) => {
+                let detail = read_prefix(response, CARRIER_DETAIL_BYTES_MAX).await;
                 CarrierOutcome::Rejected {
                     status: code,
-                    detail: truncated(&detail, CARRIER_DETAIL_BYTES_MAX),
+                    detail: truncated(&String::from_utf8_lossy(&detail), CARRIER_DETAIL_BYTES_MAX),
+                }
+            }
+            code => {
+                tracing::error!(
+                    carrier_status = code,
+                    "the carrier answered a status that is not about the parcel (a redirect, a bad credential, \
+                     a wrong URL?); releasing the lease"
+                );
+                CarrierOutcome::Indeterminate {
+                    reason: "unexpected_status",
                 }
             }
         }
     }
+}
+
+/// A carrier answer's body, read up to a limit.
+enum Body {
+    Complete(Vec<u8>),
+    /// Longer than the limit (declared or read); the rest is not read.
+    TooLarge,
+}
+
+async fn read_bounded(mut response: reqwest::Response, limit: usize) -> Result<Body, reqwest::Error> {
+    if response.content_length().is_some_and(|length| length > limit as u64) {
+        return Ok(Body::TooLarge);
+    }
+    let mut bytes = Vec::new();
+    while let Some(chunk) = response.chunk().await? {
+        if bytes.len() + chunk.len() > limit {
+            return Ok(Body::TooLarge);
+        }
+        bytes.extend_from_slice(&chunk);
+    }
+    Ok(Body::Complete(bytes))
+}
+
+/// At most the first `limit` bytes of a body (a refusal's detail); the rest
+/// is not read. A body that fails part-way gives what arrived.
+async fn read_prefix(mut response: reqwest::Response, limit: usize) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    while bytes.len() < limit {
+        match response.chunk().await {
+            Ok(Some(chunk)) => bytes.extend_from_slice(&chunk[..chunk.len().min(limit - bytes.len())]),
+            Ok(None) | Err(_) => break,
+        }
+    }
+    bytes
+}
+
+/// A success body as a purchase, if it is a label for this very request
+/// whose id and tracking number we can store and serve.
+fn purchased(bytes: &[u8], request: &CarrierLabelRequest, replayed: bool) -> CarrierOutcome {
+    let Ok(label) = serde_json::from_slice::<CarrierLabel>(bytes) else {
+        return CarrierOutcome::Indeterminate { reason: "malformed" };
+    };
+    if let Err(problem) = check_label(&label, request) {
+        tracing::error!(problem, "the carrier's label cannot be accepted; releasing the lease");
+        return CarrierOutcome::Indeterminate { reason: "malformed" };
+    }
+    CarrierOutcome::Purchased { label, replayed }
+}
+
+/// Why a label the carrier sold is not the one we asked for, or not one we
+/// can keep: the parcel it echoes, its id (a path segment and a storage
+/// key), its tracking number.
+fn check_label(label: &CarrierLabel, request: &CarrierLabelRequest) -> Result<(), &'static str> {
+    let echoed = CarrierLabelRequest {
+        order_id: label.order_id,
+        parcel_no: label.parcel_no,
+        label_version: label.label_version,
+        service: label.service,
+        weight_g: label.weight_g,
+    };
+    if echoed != *request {
+        return Err("the label is for another parcel, service or weight than the one asked for");
+    }
+    let id_byte = |b: u8| b.is_ascii_alphanumeric() || b == b'_' || b == b'-';
+    let id = label.carrier_label_id.as_bytes();
+    if id.is_empty() || id.len() > LABEL_ID_BYTES_MAX || !id.iter().all(|&b| id_byte(b)) {
+        return Err("the label id is empty, too long, or not letters, digits, '_' and '-'");
+    }
+    let tracking = label.tracking_no.as_bytes();
+    if tracking.is_empty() || tracking.len() > TRACKING_NO_BYTES_MAX || !tracking.iter().all(u8::is_ascii_alphanumeric)
+    {
+        return Err("the tracking number is empty, too long, or not letters and digits");
+    }
+    Ok(())
 }
 
 fn indeterminate(error: &reqwest::Error) -> CarrierOutcome {

@@ -10,16 +10,16 @@
 //! An attempt dropped unfinished (a handler bug or a panic) releases its
 //! lease in the background, so the key is not stuck until the lease expires.
 
-use super::saved::{response_from_saved, saved_from_parts};
-use super::{Idempotency, now_ms};
+use super::saved::{problem_saved, response_from_saved, saved_from_parts};
+use super::{FinishPolicy, Idempotency, now_ms};
 use crate::error::{ApiError, Disposition, Outcome, retry_after_seconds};
-use crate::metrics::{COMPLETION_FAILURES_TOTAL, LEASE_LOST_COMPLETIONS_TOTAL};
+use crate::metrics::{COMPLETION_FAILURES_TOTAL, LEASE_LOST_COMPLETIONS_TOTAL, RESPONSES_NOT_SAVED_TOTAL};
 use axum::body::Body;
 use axum::extract::FromRequestParts;
 use axum::http::StatusCode;
 use axum::http::request::Parts;
 use axum::response::{IntoResponse, Response};
-use http_body_util::{BodyExt, Limited};
+use http_body_util::{BodyExt, LengthLimitError, Limited};
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use store_core::{
@@ -80,7 +80,8 @@ impl Attempt {
     /// Saves `saved` as the answer (no effect rows to commit with it).
     pub async fn complete(self, saved: SavedResponse) -> Response {
         let store = self.idempotency.store().clone();
-        self.complete_with(|lease| complete_plain(store, lease, saved)).await
+        self.complete_with(|lease| complete_resending(store, lease, saved))
+            .await
     }
 
     /// Deletes the record (nothing happened, so the key is free again) and
@@ -108,14 +109,9 @@ impl Attempt {
     }
 
     /// Finishes the attempt by the route's answer, for routes that only
-    /// wear the layer: saves it, abandons or releases per its disposition.
-    pub async fn finish(self, response: Response) -> Response {
-        let disposition = response
-            .extensions()
-            .get::<Disposition>()
-            .copied()
-            .unwrap_or_else(|| Disposition::for_status(response.status()));
-        match disposition {
+    /// wear the layer: saves it, abandons or releases per `policy`.
+    pub async fn finish(self, response: Response, policy: &FinishPolicy) -> Response {
+        match policy.disposition(&response) {
             Disposition::Save => self.save(response).await,
             Disposition::Abandon => self.abandon(response).await,
             Disposition::Release => self.release(response).await,
@@ -124,30 +120,65 @@ impl Attempt {
 
     /// Saves the route's answer and sends it (with every header it had, not
     /// only the saved ones), or the completion's own answer if it failed.
+    ///
+    /// The route has run, so the key must not be freed: an answer that
+    /// cannot be saved (unreadable, over the size limit, a header the store
+    /// refuses) is replaced by a 500 `response_not_saved` problem, saved
+    /// and replayed like any answer, so a retry never runs the effect again.
     async fn save(mut self, response: Response) -> Response {
         let (mut parts, body) = response.into_parts();
         let bytes = match Limited::new(body, RESPONSE_BODY_BYTES_MAX).collect().await {
             Ok(collected) => collected.to_bytes(),
             Err(error) => {
-                let error = ApiError::Internal(format!("the route's answer could not be read for saving: {error}"));
-                return self.release(error.into_response()).await;
+                let reason = if error.is::<LengthLimitError>() {
+                    format!("its body is larger than {RESPONSE_BODY_BYTES_MAX} bytes")
+                } else {
+                    "its body could not be read".to_owned()
+                };
+                tracing::error!(caller = %self.lease.caller, %error, "the route's answer could not be read for saving");
+                return self.save_not_saved(reason).await;
             }
         };
         let saved = match saved_from_parts(parts.status, &parts.headers, bytes.to_vec()) {
             Ok(saved) => saved,
             Err(error) => {
-                let error = ApiError::Internal(format!("the route's answer cannot be saved: {error}"));
-                return self.release(error.into_response()).await;
+                tracing::error!(caller = %self.lease.caller, %error, "the route's answer cannot be saved");
+                return self.save_not_saved(error.to_string()).await;
             }
         };
         let store = self.idempotency.store().clone();
-        if let Err(answer) = self.commit(|lease| complete_plain(store, lease, saved)).await {
+        if let Err(answer) = self.commit(|lease| complete_resending(store, lease, saved)).await {
             return answer;
         }
         if parts.extensions.get::<Outcome>().is_none() {
             parts.extensions.insert(first_run_outcome(parts.status));
         }
         Response::from_parts(parts, Body::from(bytes))
+    }
+
+    /// Saves and sends a 500 `response_not_saved` in place of an answer
+    /// that could not be saved.
+    async fn save_not_saved(mut self, reason: String) -> Response {
+        metrics::counter!(RESPONSES_NOT_SAVED_TOTAL).increment(1);
+        let error = ApiError::ResponseNotSaved { reason };
+        let saved = match problem_saved(&error) {
+            Ok(saved) => saved,
+            // A problem body is small and its headers fixed; should it
+            // still be refused, the lease runs out instead of being freed.
+            Err(invalid) => {
+                self.finished = true;
+                return ApiError::Internal(format!("response_not_saved cannot be saved: {invalid}")).into_response();
+            }
+        };
+        let store = self.idempotency.store().clone();
+        match self.commit(|lease| complete_resending(store, lease, saved)).await {
+            Ok(saved) => {
+                let mut response = response_from_saved(&saved, false);
+                response.extensions_mut().insert(Outcome(error.outcome()));
+                response
+            }
+            Err(answer) => answer,
+        }
     }
 
     /// Runs a fenced commit; on anything but success, the answer to send.
@@ -206,15 +237,38 @@ fn first_run_outcome(status: StatusCode) -> Outcome {
     Outcome(if status.is_success() { "created" } else { "failed" })
 }
 
-async fn complete_plain(
+/// Most times the completion of an answer with no effect rows is sent. The
+/// work is done by then: freeing the key on the first failed save would let
+/// the retry run it again. Completion is fenced and idempotent (a re-sent
+/// completion that had committed finds the record completed by its token),
+/// so sending it again is always safe.
+pub const COMPLETE_SENDS_MAX: u32 = 3;
+/// Pause before the n-th re-send of a completion, times n.
+pub const COMPLETE_RESEND_BACKOFF_MS: u64 = 50;
+
+/// Saves `saved` under `lease`, sending it again after a retryable error,
+/// up to [`COMPLETE_SENDS_MAX`] times.
+async fn complete_resending(
     store: Arc<dyn IdempotencyStore>,
     lease: HeldLease,
     saved: SavedResponse,
 ) -> Result<Fenced<SavedResponse>, StoreError> {
-    Ok(match store.complete(&lease, saved.clone()).await? {
-        Fenced::Applied(()) => Fenced::Applied(saved),
-        Fenced::LeaseLost => Fenced::LeaseLost,
-    })
+    let mut send = 1;
+    loop {
+        match store.complete(&lease, saved.clone()).await {
+            Ok(Fenced::Applied(())) => return Ok(Fenced::Applied(saved)),
+            Ok(Fenced::LeaseLost) => return Ok(Fenced::LeaseLost),
+            Err(error) if error.is_retryable() && send < COMPLETE_SENDS_MAX => {
+                tracing::warn!(%error, "could not save an answer; sending the completion again");
+                tokio::time::sleep(std::time::Duration::from_millis(
+                    COMPLETE_RESEND_BACKOFF_MS * u64::from(send),
+                ))
+                .await;
+                send += 1;
+            }
+            Err(error) => return Err(error),
+        }
+    }
 }
 
 impl Drop for Attempt {

@@ -8,8 +8,11 @@
 //! 4. fingerprints method, path and body, and claims the key: replay,
 //!    409 with `Retry-After`, 422, or 503 when the store is down,
 //! 5. runs the route with the [`Attempt`] in the request's extensions, and
-//!    finishes the attempt by the route's answer unless the route took it
-//!    (the handler-level API).
+//!    finishes the attempt by the route's answer and the layer's
+//!    [`FinishPolicy`] unless the route took it (the handler-level API).
+//!    Once the route ran, the key is never freed for a second run by
+//!    accident: an answer that cannot be saved is replaced by a saved
+//!    500 `response_not_saved`; only a transient status releases it.
 //!
 //! Steps 4 and 5 run in a tracked task of their own, so neither a client
 //! hanging up nor a request timeout stops them half-way: not between an
@@ -19,7 +22,7 @@
 //! in the request's future, bounded by its budget: a client trickling its
 //! body holds nothing once the budget runs out.
 
-use super::{Attempt, Begun, Idempotency, PendingAttempt};
+use super::{Attempt, Begun, FinishPolicy, Idempotency, PendingAttempt};
 use crate::auth::Caller;
 use crate::error::ApiError;
 use crate::key_header::{KeyHeaderError, idempotency_key};
@@ -31,15 +34,18 @@ use axum::response::{IntoResponse, Response};
 use futures::future::BoxFuture;
 use http_body_util::BodyExt;
 use std::convert::Infallible;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use store_core::{CallerId, Fingerprint, IdempotencyKey};
 use tower::{Layer, Service, ServiceExt};
+use tracing::Instrument;
 
 /// Makes every route it wraps idempotent.
 #[derive(Clone)]
 pub struct IdempotencyLayer {
     idempotency: Idempotency,
     body_bytes_max: usize,
+    finish_policy: FinishPolicy,
 }
 
 impl IdempotencyLayer {
@@ -48,7 +54,15 @@ impl IdempotencyLayer {
         Self {
             idempotency,
             body_bytes_max,
+            finish_policy: FinishPolicy::default(),
         }
+    }
+
+    /// How the attempt is finished by the route's answer (the default:
+    /// [`FinishPolicy::default`]).
+    pub fn with_finish_policy(mut self, finish_policy: FinishPolicy) -> Self {
+        self.finish_policy = finish_policy;
+        self
     }
 }
 
@@ -60,6 +74,7 @@ impl<S> Layer<S> for IdempotencyLayer {
             inner,
             idempotency: self.idempotency.clone(),
             body_bytes_max: self.body_bytes_max,
+            finish_policy: Arc::new(self.finish_policy.clone()),
         }
     }
 }
@@ -69,6 +84,7 @@ pub struct IdempotencyService<S> {
     inner: S,
     idempotency: Idempotency,
     body_bytes_max: usize,
+    finish_policy: Arc<FinishPolicy>,
 }
 
 impl<S> Service<Request> for IdempotencyService<S>
@@ -90,6 +106,7 @@ where
         let inner = self.inner.clone();
         let idempotency = self.idempotency.clone();
         let body_bytes_max = self.body_bytes_max;
+        let finish_policy = self.finish_policy.clone();
         Box::pin(async move {
             // Steps 1 to 3 in the request's own future: cut off by the
             // request budget or a hang-up, they leave nothing behind.
@@ -100,17 +117,21 @@ where
             // The task keeps the request's place under the in-flight cap
             // until its work is done, even after the client hung up.
             let slot = prepared.request.extensions().get::<InFlightSlot>().cloned();
-            let task = idempotency.tasks().clone().spawn(async move {
-                let _slot = slot;
-                match claim(&idempotency, prepared).await {
-                    Ok(Claimed::Run(claimed)) => {
-                        let (attempt, request) = *claimed;
-                        run_route(attempt, inner, request).await
+            // In the request's span, so its log lines carry the request id.
+            let task = idempotency.tasks().clone().spawn(
+                async move {
+                    let _slot = slot;
+                    match claim(&idempotency, prepared).await {
+                        Ok(Claimed::Run(claimed)) => {
+                            let (attempt, request) = *claimed;
+                            run_route(attempt, inner, request, &finish_policy).await
+                        }
+                        Ok(Claimed::Replay(response)) => response,
+                        Err(error) => error.into_response(),
                     }
-                    Ok(Claimed::Replay(response)) => response,
-                    Err(error) => error.into_response(),
                 }
-            });
+                .instrument(tracing::Span::current()),
+            );
             Ok(match task.await {
                 Ok(response) => response,
                 Err(error) => ApiError::Internal(format!("the request's task failed: {error}")).into_response(),
@@ -224,7 +245,7 @@ async fn drain(mut body: Body, already_read: usize) {
 
 /// Step 5: the route, then the attempt finished by its answer unless the
 /// route took the attempt itself.
-async fn run_route<S>(attempt: Attempt, inner: S, mut request: Request) -> Response
+async fn run_route<S>(attempt: Attempt, inner: S, mut request: Request, finish_policy: &FinishPolicy) -> Response
 where
     S: Service<Request, Response = Response, Error = Infallible>,
 {
@@ -235,7 +256,7 @@ where
         Err(never) => match never {},
     };
     match pending.take() {
-        Some(attempt) => attempt.finish(response).await,
+        Some(attempt) => attempt.finish(response, finish_policy).await,
         None => response,
     }
 }

@@ -15,18 +15,36 @@
 
 mod attempt;
 mod layer;
+mod policy;
 pub mod saved;
 
 pub use attempt::{Attempt, PendingAttempt};
 pub use layer::{IdempotencyLayer, IdempotencyService};
+pub use policy::FinishPolicy;
 
 use crate::error::{ApiError, retry_after_seconds};
-use crate::metrics::{LATE_KEYS_TOTAL, LEASE_TAKEOVERS_TOTAL};
+use crate::metrics::{CLAIM_RESENDS_TOTAL, LATE_KEYS_TOTAL, LEASE_TAKEOVERS_TOTAL};
 use axum::response::Response;
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
-use store_core::{CallerId, ClaimOutcome, ClaimRequest, Fingerprint, IdempotencyKey, IdempotencyStore, StoreError};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use store_core::{
+    CallerId, ClaimOutcome, ClaimRequest, Fingerprint, HeldLease, IdempotencyKey, IdempotencyStore, StoreError,
+};
 use tokio_util::task::TaskTracker;
+
+/// Most times one attempt sends its claim. A claim whose reply was lost
+/// (a response timeout, an operation timeout during COMMIT, a failed sync)
+/// may have committed; sent again with the same token it gets its lease
+/// back (`store_core::machine`'s re-sent claim), or claims afresh if it
+/// never committed.
+pub const CLAIM_SENDS_MAX: u32 = 3;
+/// Pause before the n-th re-send of a claim, times n.
+pub const CLAIM_RESEND_BACKOFF_MS: u64 = 50;
+/// Most times the lease of a claim whose every reply was lost is released
+/// in the background.
+pub const ORPHAN_RELEASES_MAX: u32 = 4;
+/// Pause before the first background release; doubled before each next one.
+pub const ORPHAN_RELEASE_BACKOFF_MS: u64 = 100;
 
 /// The shared part of the layer and the handler-level API: the store, the
 /// tracker of attempts in flight (shutdown waits for them), and the
@@ -77,12 +95,9 @@ impl Idempotency {
         key: IdempotencyKey,
         fingerprint: Fingerprint,
     ) -> Result<Begun, ApiError> {
+        // One token for every send: a re-sent claim is the same attempt.
         let request = ClaimRequest::new(caller, key, fingerprint);
-        let outcome = self
-            .store()
-            .claim(&request)
-            .await
-            .map_err(|error| self.store_error(&error))?;
+        let outcome = self.claim_resending(&request).await?;
         match outcome {
             ClaimOutcome::Acquired(acquired) => {
                 if acquired.takeover {
@@ -110,15 +125,73 @@ impl Idempotency {
         }
     }
 
-    /// The API error for a store failure: 503 with `Retry-After` when a
-    /// retry may succeed (an outage is never a 500), else an internal error.
-    pub fn store_error(&self, error: &StoreError) -> ApiError {
-        if error.is_retryable() {
-            ApiError::StoreUnavailable {
-                retry_after_s: self.inner.store_retry_after_s,
+    /// Sends the claim, and again with the same token after an error that
+    /// may hide a commit, up to [`CLAIM_SENDS_MAX`] times. If every reply
+    /// was lost, a lease may be live that no attempt holds (every retry
+    /// would get 409 until it ran out): it is released in the background.
+    async fn claim_resending(&self, request: &ClaimRequest) -> Result<ClaimOutcome, ApiError> {
+        let mut send = 1;
+        loop {
+            let error = match self.store().claim(request).await {
+                Ok(outcome) => return Ok(outcome),
+                Err(error) => error,
+            };
+            if !error.is_retryable() {
+                return Err(self.store_error(&error));
             }
-        } else {
-            ApiError::Internal(format!("store: {error}"))
+            if send == CLAIM_SENDS_MAX {
+                tracing::warn!(%error, caller = %request.caller, key_sha256 = %request.key.digest(),
+                    "no claim reply; releasing any lease it took in the background");
+                self.release_orphan_in_background(request);
+                return Err(self.store_error(&error));
+            }
+            metrics::counter!(CLAIM_RESENDS_TOTAL).increment(1);
+            tokio::time::sleep(Duration::from_millis(CLAIM_RESEND_BACKOFF_MS * u64::from(send))).await;
+            send += 1;
+        }
+    }
+
+    /// Releases the lease `request` may hold without knowing it, a bounded
+    /// number of times. Release is fenced by the token: it ends this
+    /// attempt's lease if the claim committed, and writes nothing otherwise.
+    fn release_orphan_in_background(&self, request: &ClaimRequest) {
+        let lease = HeldLease {
+            caller: request.caller.clone(),
+            key: request.key.clone(),
+            token: request.token,
+            locked_until_ms: 0,
+        };
+        let store = self.store().clone();
+        self.tasks().spawn(async move {
+            let mut backoff_ms = ORPHAN_RELEASE_BACKOFF_MS;
+            for _ in 0..ORPHAN_RELEASES_MAX {
+                tokio::time::sleep(Duration::from_millis(backoff_ms)).await;
+                match store.release(&lease).await {
+                    Ok(_) => return,
+                    Err(error) if error.is_retryable() => backoff_ms *= 2,
+                    Err(error) => {
+                        tracing::warn!(%error, "could not release an orphaned lease; it ends when it expires");
+                        return;
+                    }
+                }
+            }
+            tracing::warn!("could not release an orphaned lease; it ends when it expires");
+        });
+    }
+
+    /// The API error for a store failure: 503 with `Retry-After` when a
+    /// retry may succeed (an outage is never a 500), 500 `record_unreadable`
+    /// for a record no codec reads, else an internal error.
+    pub fn store_error(&self, error: &StoreError) -> ApiError {
+        match error {
+            _ if error.is_retryable() => ApiError::StoreUnavailable {
+                retry_after_s: self.inner.store_retry_after_s,
+            },
+            StoreError::Corrupt(codec) => {
+                tracing::error!(error = %codec, "a stored record is unreadable");
+                ApiError::RecordUnreadable
+            }
+            _ => ApiError::Internal(format!("store: {error}")),
         }
     }
 }

@@ -5,7 +5,7 @@
 //! its version); hop-by-hop and per-attempt headers (dates, connection
 //! management, Retry-After of a transient error) are not part of the answer.
 
-use crate::error::Outcome;
+use crate::error::{ApiError, Outcome, PROBLEM_JSON};
 use axum::body::Body;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::Response;
@@ -42,6 +42,16 @@ pub fn saved_headers(headers: &HeaderMap) -> Vec<(String, String)> {
 /// A saved response from an HTTP response's parts.
 pub fn saved_from_parts(status: StatusCode, headers: &HeaderMap, body: Vec<u8>) -> Result<SavedResponse, InvalidInput> {
     SavedResponse::new(status.as_u16(), saved_headers(headers), body)
+}
+
+/// A problem (RFC 9457) as a saved response: its status, its media type
+/// and its body.
+pub fn problem_saved(error: &ApiError) -> Result<SavedResponse, InvalidInput> {
+    SavedResponse::new(
+        error.status().as_u16(),
+        vec![("content-type".to_owned(), PROBLEM_JSON.to_owned())],
+        error.body_bytes(),
+    )
 }
 
 /// The HTTP response for a saved answer; a replay adds `Idempotent-Replayed: true`.

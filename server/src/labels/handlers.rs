@@ -14,6 +14,7 @@ use crate::error::{ApiError, Outcome, Problem};
 use crate::failpoints;
 use crate::idempotency::{Attempt, now_ms};
 use crate::metrics::LABELS_EXISTING_TOTAL;
+use crate::request_context::TraceContext;
 use crate::time::rfc3339_from_ms;
 use axum::Json;
 use axum::body::Bytes;
@@ -51,15 +52,20 @@ use store_core::HeldLease;
             body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "`idempotency_key_reused`: same key, different request. Never retry blindly.",
             body = Problem, content_type = "application/problem+json"),
-        (status = 500, description = "`internal_error`.", body = Problem, content_type = "application/problem+json"),
-        (status = 502, description = "`downstream_rejected`: the carrier refused the label for good. Saved and replayed.",
+        (status = 500, description = "`internal_error`, or `record_unreadable` (the key's stored record cannot be decoded; retrying will not help).", body = Problem, content_type = "application/problem+json"),
+        (status = 502, description = "`downstream_rejected`: the carrier refused the label for good (its 422, a business refusal). Saved and replayed.",
             body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "`downstream_unavailable` (the carrier gave no definite answer; the lease was released), `store_unavailable`, `overloaded` or `request_timeout`. Retry with the same key.",
+        (status = 503, description = "`downstream_unavailable` (the carrier gave no definite or usable answer: a timeout, 5xx, 401, 403, 404, 415, a redirect, a label that does not match the request; the lease was released), `store_unavailable`, `overloaded` or `request_timeout`. Retry with the same key.",
             body = Problem, content_type = "application/problem+json",
             headers(("Retry-After" = u64, description = "Seconds to wait before retrying.")))
     )
 )]
-pub async fn create_label(State(state): State<AppState>, attempt: Attempt, body: Bytes) -> Response {
+pub async fn create_label(
+    State(state): State<AppState>,
+    trace: TraceContext,
+    attempt: Attempt,
+    body: Bytes,
+) -> Response {
     failpoints::reached(failpoints::AFTER_CLAIM).await;
     let request = match CreateLabelRequest::parse(&body) {
         Ok(request) => request,
@@ -85,11 +91,13 @@ pub async fn create_label(State(state): State<AppState>, attempt: Attempt, body:
                 .await;
         }
     }
+    let traceparent = trace.traceparent();
     let outcome = state
         .carrier
-        .buy(
+        .buy_traced(
             &carrier_key(&lease.caller, request.parcel()),
             &CarrierLabelRequest::from(&request),
+            Some(&traceparent),
         )
         .await;
     match outcome {
@@ -171,7 +179,7 @@ fn stored_label(lease: &HeldLease, label: Label) -> StoredLabel {
             headers(("WWW-Authenticate" = String, description = "`Bearer`"))),
         (status = 404, description = "`not_found`: no such label, or it belongs to another caller.",
             body = Problem, content_type = "application/problem+json"),
-        (status = 500, description = "`internal_error`.", body = Problem, content_type = "application/problem+json"),
+        (status = 500, description = "`internal_error`, or `record_unreadable` (the key's stored record cannot be decoded; retrying will not help).", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "`store_unavailable`, `overloaded` or `request_timeout`.",
             body = Problem, content_type = "application/problem+json",
             headers(("Retry-After" = u64, description = "Seconds to wait before retrying.")))

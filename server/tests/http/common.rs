@@ -30,6 +30,9 @@ pub struct Options {
     pub carrier_url: Option<String>,
     pub request_timeout_ms: u64,
     pub in_flight_max: usize,
+    pub shutdown_grace_ms: u64,
+    /// 0 in tests unless a test says, so that stopping a server is quick.
+    pub shutdown_readiness_delay_ms: u64,
     pub extra_env: Vec<(String, String)>,
 }
 
@@ -41,6 +44,8 @@ impl Default for Options {
             carrier_url: None,
             request_timeout_ms: 25_000,
             in_flight_max: 64,
+            shutdown_grace_ms: 5_000,
+            shutdown_readiness_delay_ms: 0,
             extra_env: Vec::new(),
         }
     }
@@ -116,7 +121,11 @@ impl TestServer {
             pair("IDEM__SERVER__LISTEN", "127.0.0.1:0"),
             pair("IDEM__SERVER__REQUEST_TIMEOUT_MS", options.request_timeout_ms),
             pair("IDEM__SERVER__IN_FLIGHT_MAX", options.in_flight_max),
-            pair("IDEM__SERVER__SHUTDOWN_GRACE_MS", 5_000),
+            pair("IDEM__SERVER__SHUTDOWN_GRACE_MS", options.shutdown_grace_ms),
+            pair(
+                "IDEM__SERVER__SHUTDOWN_READINESS_DELAY_MS",
+                options.shutdown_readiness_delay_ms,
+            ),
             pair("IDEM__CALLERS", callers_env()),
             pair("IDEM__POLICY__LEASE_MS", options.lease_ms),
             pair("IDEM__CARRIER__TIMEOUT_MS", options.carrier_timeout_ms),

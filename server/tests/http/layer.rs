@@ -5,17 +5,17 @@ use crate::common::{
     ALICE, Backend, Options, Reply, TestServer, client, fresh_key, label_body, metric_value, order_id,
 };
 use async_trait::async_trait;
-use axum::Router;
 use axum::extract::State;
 use axum::handler::Handler;
 use axum::http::{HeaderValue, StatusCode};
 use axum::middleware::from_fn_with_state;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
+use axum::{Json, Router};
 use server::auth::{Callers, require_caller};
 use server::config::{CallerConfig, token_sha256};
 use server::error::ApiError;
-use server::idempotency::{Idempotency, IdempotencyLayer};
+use server::idempotency::{FinishPolicy, Idempotency, IdempotencyLayer};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -41,8 +41,25 @@ async fn counted_route(State(state): State<RouteState>) -> Response {
     (state.behaviour)(call).await
 }
 
+/// A route taking a JSON body, as most routes do: axum itself refuses
+/// another media type with 415 before the handler runs.
+async fn counted_json_route(State(state): State<RouteState>, Json(_body): Json<serde_json::Value>) -> Response {
+    let call = state.calls.fetch_add(1, Ordering::SeqCst);
+    (state.behaviour)(call).await
+}
+
 /// A server with one route, `POST /v1/orders`, wearing the layer.
 async fn serve_route(store: Arc<dyn IdempotencyStore>, behaviour: Behaviour) -> (String, Arc<AtomicUsize>) {
+    serve_route_with(store, behaviour, FinishPolicy::default(), false).await
+}
+
+/// `serve_route` with a finishing policy, and optionally a JSON route.
+async fn serve_route_with(
+    store: Arc<dyn IdempotencyStore>,
+    behaviour: Behaviour,
+    policy: FinishPolicy,
+    json: bool,
+) -> (String, Arc<AtomicUsize>) {
     let idempotency = Idempotency::new(store, TaskTracker::new(), 1);
     let callers = Callers::from_config(&[CallerConfig::new("alice", token_sha256(ALICE))]).unwrap();
     let calls = Arc::new(AtomicUsize::new(0));
@@ -50,11 +67,14 @@ async fn serve_route(store: Arc<dyn IdempotencyStore>, behaviour: Behaviour) -> 
         calls: calls.clone(),
         behaviour,
     };
+    let layer = IdempotencyLayer::new(idempotency, 1_024).with_finish_policy(policy);
+    let route = if json {
+        post(counted_json_route.layer(layer))
+    } else {
+        post(counted_route.layer(layer))
+    };
     let router = Router::new()
-        .route(
-            "/v1/orders",
-            post(counted_route.layer(IdempotencyLayer::new(idempotency, 1_024))),
-        )
+        .route("/v1/orders", route)
         .layer(from_fn_with_state(callers, require_caller))
         .with_state(state);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -118,25 +138,188 @@ fn fails_validation_then_creates(call: usize) -> BoxedAnswer {
     Box::pin(async move {
         match call {
             0 => ApiError::InvalidRequest { detail: "no".into() }.into_response(),
-            1 => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+            1 => StatusCode::SERVICE_UNAVAILABLE.into_response(),
             _ => created(call).await,
         }
     })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn validation_failures_free_the_key_and_server_errors_release_it() {
+async fn validation_failures_free_the_key_and_transient_answers_release_it() {
     let (base, calls) = serve_route(embedded(Policy::default()), fails_validation_then_creates).await;
     let key = fresh_key();
     let invalid = post_order(&base, &key, "first body").await;
     assert_eq!((invalid.status, invalid.code().as_str()), (400, "invalid_request"));
     // Abandoned: a different body under the same key is a fresh request.
     let failed = post_order(&base, &key, "second body").await;
-    assert_eq!(failed.status, 500);
+    assert_eq!(failed.status, 503);
     // Released, not saved: the retry runs the route again at once.
     let retried = post_order(&base, &key, "second body").await;
     assert_eq!((retried.status, retried.header("idempotent-replayed")), (201, None));
     assert_eq!(calls.load(Ordering::SeqCst), 3);
+}
+
+fn transient_answers_then_creates(call: usize) -> BoxedAnswer {
+    Box::pin(async move {
+        match call {
+            0 => StatusCode::TOO_MANY_REQUESTS.into_response(),
+            1 => StatusCode::REQUEST_TIMEOUT.into_response(),
+            2 => StatusCode::TOO_EARLY.into_response(),
+            3 => StatusCode::SERVICE_UNAVAILABLE.into_response(),
+            _ => created(call).await,
+        }
+    })
+}
+
+/// 408, 425, 429 and 503 say "nothing final happened, try again": they are
+/// not saved (a 429 replayed for 24 h would refuse the key for good), the
+/// key is released, and each retry runs the route.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transient_answers_are_not_saved_and_the_retry_runs() {
+    let (base, calls) = serve_route(embedded(Policy::default()), transient_answers_then_creates).await;
+    let key = fresh_key();
+    for expected in [429, 408, 425, 503] {
+        let reply = post_order(&base, &key, "{}").await;
+        assert_eq!((reply.status, reply.header("idempotent-replayed")), (expected, None));
+    }
+    let created = post_order(&base, &key, "{}").await;
+    assert_eq!((created.status, created.header("idempotent-replayed")), (201, None));
+    assert_eq!(calls.load(Ordering::SeqCst), 5);
+}
+
+/// The policy is the route's: a route whose 429 is a final business answer
+/// (a quota for this very request) can have it saved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_finishing_policy_is_per_route() {
+    let policy = FinishPolicy::default().saving(StatusCode::TOO_MANY_REQUESTS);
+    let (base, calls) = serve_route_with(
+        embedded(Policy::default()),
+        transient_answers_then_creates,
+        policy,
+        false,
+    )
+    .await;
+    let key = fresh_key();
+    let first = post_order(&base, &key, "{}").await;
+    assert_eq!(first.status, 429);
+    let repeat = post_order(&base, &key, "{}").await;
+    assert_eq!(
+        (repeat.status, repeat.header("idempotent-replayed")),
+        (429, Some("true"))
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+/// A plain 500 after the route ran is final: the route may have done half
+/// its work, so it is saved and replayed, never run a second time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_error_after_the_route_ran_is_saved_not_run_again() {
+    fn fails(_call: usize) -> BoxedAnswer {
+        Box::pin(async { StatusCode::INTERNAL_SERVER_ERROR.into_response() })
+    }
+    let (base, calls) = serve_route(embedded(Policy::default()), fails).await;
+    let key = fresh_key();
+    assert_eq!(post_order(&base, &key, "{}").await.status, 500);
+    let repeat = post_order(&base, &key, "{}").await;
+    assert_eq!(
+        (repeat.status, repeat.header("idempotent-replayed")),
+        (500, Some("true"))
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+/// axum's own 415 (the JSON extractor refusing the media type) comes
+/// before the handler: nothing ran, the record is deleted, and the
+/// corrected request (same body, right Content-Type) runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn axums_own_415_frees_the_key() {
+    let (base, calls) = serve_route_with(embedded(Policy::default()), created, FinishPolicy::default(), true).await;
+    let key = fresh_key();
+    let refused = post_order(&base, &key, r#"{"item":1}"#).await;
+    assert_eq!(refused.status, 415);
+    let corrected = client()
+        .post(format!("{base}/v1/orders"))
+        .bearer_auth(ALICE)
+        .header("idempotency-key", &key)
+        .header("content-type", "application/json")
+        .body(r#"{"item":1}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(corrected.status().as_u16(), 201);
+    assert!(corrected.headers().get("idempotent-replayed").is_none());
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+/// axum's own 400 (the JSON extractor refusing a malformed body) comes
+/// before the handler too: the record is deleted, so the corrected body
+/// under the same key runs instead of meeting 422 `idempotency_key_reused`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn axums_own_400_frees_the_key_for_the_corrected_body() {
+    let (base, calls) = serve_route_with(embedded(Policy::default()), created, FinishPolicy::default(), true).await;
+    let key = fresh_key();
+    let send = |body: &'static str| {
+        client()
+            .post(format!("{base}/v1/orders"))
+            .bearer_auth(ALICE)
+            .header("idempotency-key", &key)
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+    };
+    assert_eq!(send(r#"{"item":"#).await.unwrap().status().as_u16(), 400);
+    let corrected = send(r#"{"item":1}"#).await.unwrap();
+    assert_eq!(corrected.status().as_u16(), 201);
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+fn created_too_large(call: usize) -> BoxedAnswer {
+    Box::pin(async move {
+        let body = vec![b'x'; store_core::RESPONSE_BODY_BYTES_MAX + 1 + call];
+        (StatusCode::CREATED, body).into_response()
+    })
+}
+
+fn created_with_a_long_location(call: usize) -> BoxedAnswer {
+    Box::pin(async move {
+        let mut response = created(call).await;
+        let location = format!("/v1/orders/{}", "7".repeat(store_core::RESPONSE_HEADER_BYTES_MAX));
+        response
+            .headers_mut()
+            .insert("location", HeaderValue::from_str(&location).unwrap());
+        response
+    })
+}
+
+/// An answer that cannot be saved (body over 1 MiB, an allowed header too
+/// long) must not free the key after the route ran: the retry would run
+/// the effect again. The key keeps a 500 `response_not_saved` problem
+/// instead, and every repeat gets it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_that_cannot_be_saved_is_saved_as_response_not_saved_and_never_runs_again() {
+    for behaviour in [created_too_large as Behaviour, created_with_a_long_location] {
+        let (base, calls) = serve_route(embedded(Policy::default()), behaviour).await;
+        let key = fresh_key();
+        let first = post_order(&base, &key, "{}").await;
+        assert_eq!(
+            (first.status, first.code().as_str()),
+            (500, "response_not_saved"),
+            "{}",
+            first.text()
+        );
+        assert_eq!(first.header("content-type"), Some("application/problem+json"));
+        let repeat = post_order(&base, &key, "{}").await;
+        assert_eq!(
+            (
+                repeat.status,
+                repeat.code().as_str(),
+                repeat.header("idempotent-replayed")
+            ),
+            (500, "response_not_saved", Some("true"))
+        );
+        assert_eq!(repeat.body, first.body);
+        assert_eq!(calls.load(Ordering::SeqCst), 1, "the effect ran once");
+    }
 }
 
 /// Call 0 works for longer than the lease; call 1 (the takeover) answers at once.
@@ -295,6 +478,226 @@ async fn a_client_hanging_up_during_the_claim_leaves_no_orphaned_lease() {
         "{}",
         retry.text()
     );
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+/// A store whose claims commit but whose replies are lost, for the next
+/// `replies_to_lose` claims: a Redis response timeout, a PostgreSQL
+/// operation timeout during COMMIT, or an embedded sync error after the
+/// write reached the journal.
+struct ClaimReplyLosingStore {
+    inner: Arc<dyn IdempotencyStore>,
+    replies_to_lose: AtomicUsize,
+    releases: AtomicUsize,
+}
+
+impl ClaimReplyLosingStore {
+    fn new(replies_to_lose: usize) -> Arc<Self> {
+        Arc::new(Self {
+            inner: embedded(Policy::default()),
+            replies_to_lose: AtomicUsize::new(replies_to_lose),
+            releases: AtomicUsize::new(0),
+        })
+    }
+}
+
+#[async_trait]
+impl IdempotencyStore for ClaimReplyLosingStore {
+    fn backend_name(&self) -> &'static str {
+        "claim-reply-losing"
+    }
+    async fn claim(&self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
+        let outcome = self.inner.claim(request).await?;
+        let lose = self
+            .replies_to_lose
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| left.checked_sub(1))
+            .is_ok();
+        if lose {
+            return Err(StoreError::Unavailable {
+                detail: "response timed out after the claim committed".into(),
+                source: None,
+            });
+        }
+        Ok(outcome)
+    }
+    async fn checkpoint(&self, lease: &HeldLease, point: RecoveryPoint) -> Result<Fenced, StoreError> {
+        self.inner.checkpoint(lease, point).await
+    }
+    async fn complete(&self, lease: &HeldLease, saved: SavedResponse) -> Result<Fenced, StoreError> {
+        self.inner.complete(lease, saved).await
+    }
+    async fn release(&self, lease: &HeldLease) -> Result<Fenced, StoreError> {
+        self.releases.fetch_add(1, Ordering::SeqCst);
+        self.inner.release(lease).await
+    }
+    async fn abandon(&self, lease: &HeldLease) -> Result<Fenced, StoreError> {
+        self.inner.abandon(lease).await
+    }
+    async fn purge_expired(&self, limit: usize) -> Result<PurgeReport, StoreError> {
+        self.inner.purge_expired(limit).await
+    }
+    async fn inspect(&self, caller: &CallerId, key: &IdempotencyKey) -> Result<Option<Record>, StoreError> {
+        self.inner.inspect(caller, key).await
+    }
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.inner.ping().await
+    }
+}
+
+/// A claim that committed but whose reply was lost is re-sent with the
+/// same token and gets its lease back: the request is served, and its
+/// retry replays, instead of 503 then 409 for the whole lease (30 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_claim_reply_is_resent_and_the_request_is_served() {
+    let store = ClaimReplyLosingStore::new(1);
+    let (base, calls) = serve_route(store, created).await;
+    let key = fresh_key();
+    let first = post_order(&base, &key, "{}").await;
+    assert_eq!(
+        (first.status, first.header("idempotent-replayed")),
+        (201, None),
+        "{}",
+        first.text()
+    );
+    let retry = post_order(&base, &key, "{}").await;
+    assert_eq!(
+        (retry.status, retry.header("idempotent-replayed")),
+        (201, Some("true")),
+        "{}",
+        retry.text()
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+/// Every send of the claim loses its reply: the request answers 503, and
+/// the lease nobody holds is released in the background, so the next
+/// retry is served at once, not refused with 409 until the lease runs out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_whose_replies_are_all_lost_is_released_in_the_background() {
+    let store = ClaimReplyLosingStore::new(server::idempotency::CLAIM_SENDS_MAX as usize);
+    let (base, calls) = serve_route(store.clone(), created).await;
+    let key = fresh_key();
+    let first = post_order(&base, &key, "{}").await;
+    assert_eq!((first.status, first.code().as_str()), (503, "store_unavailable"));
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+    let mut waited_ms = 0;
+    while store.releases.load(Ordering::SeqCst) == 0 && waited_ms < 3_000 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        waited_ms += 20;
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let retry = post_order(&base, &key, "{}").await;
+    assert_eq!(
+        (retry.status, retry.header("idempotent-replayed")),
+        (201, None),
+        "{}",
+        retry.text()
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+/// A record no codec reads (a torn write, a bad disk, a foreign writer)
+/// answers a clear 500 `record_unreadable`, and runs nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreadable_record_answers_500_record_unreadable() {
+    use store_fdb::{Engine, MaybeCommitted, RunOptions, Transaction};
+    let store = Arc::new(EmbeddedStore::open_embedded(&EmbeddedConfig::temporary(), Policy::default()).unwrap());
+    let (base, calls) = serve_route(store.clone(), created).await;
+    let key = fresh_key();
+    assert_eq!(post_order(&base, &key, "{}").await.status, 201);
+    let caller = CallerId::new("alice").unwrap();
+    let slot = store
+        .layout()
+        .slot(&caller, IdempotencyKey::new(&key).unwrap().digest());
+    let chunk = store.layout().record_chunk_key(&slot, 0);
+    let chunk = &chunk;
+    store
+        .engine()
+        .run(
+            RunOptions::default(),
+            |tx, _maybe_committed: MaybeCommitted| async move {
+                tx.set(chunk, b"\xffnot a record")?;
+                Ok(())
+            },
+        )
+        .await
+        .unwrap();
+    let reply = post_order(&base, &key, "{}").await;
+    assert_eq!(
+        (reply.status, reply.code().as_str()),
+        (500, "record_unreadable"),
+        "{}",
+        reply.text()
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "nothing ran again");
+}
+
+/// A store whose next `failures` completions fail before committing (a
+/// connection blip at the moment the answer is saved).
+struct CompletionFailingStore {
+    inner: Arc<dyn IdempotencyStore>,
+    failures: AtomicUsize,
+}
+
+#[async_trait]
+impl IdempotencyStore for CompletionFailingStore {
+    fn backend_name(&self) -> &'static str {
+        "completion-failing"
+    }
+    async fn claim(&self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
+        self.inner.claim(request).await
+    }
+    async fn checkpoint(&self, lease: &HeldLease, point: RecoveryPoint) -> Result<Fenced, StoreError> {
+        self.inner.checkpoint(lease, point).await
+    }
+    async fn complete(&self, lease: &HeldLease, saved: SavedResponse) -> Result<Fenced, StoreError> {
+        let fail = self
+            .failures
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| left.checked_sub(1))
+            .is_ok();
+        if fail {
+            return Err(down());
+        }
+        self.inner.complete(lease, saved).await
+    }
+    async fn release(&self, lease: &HeldLease) -> Result<Fenced, StoreError> {
+        self.inner.release(lease).await
+    }
+    async fn abandon(&self, lease: &HeldLease) -> Result<Fenced, StoreError> {
+        self.inner.abandon(lease).await
+    }
+    async fn purge_expired(&self, limit: usize) -> Result<PurgeReport, StoreError> {
+        self.inner.purge_expired(limit).await
+    }
+    async fn inspect(&self, caller: &CallerId, key: &IdempotencyKey) -> Result<Option<Record>, StoreError> {
+        self.inner.inspect(caller, key).await
+    }
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.inner.ping().await
+    }
+}
+
+/// The route ran; saving its answer failed once without committing. The
+/// layer must not free the key for a second run on that account: the
+/// completion is sent again (it is fenced and idempotent), the answer is
+/// saved, and the route ran once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_completion_that_fails_once_is_sent_again_not_run_again() {
+    let store = Arc::new(CompletionFailingStore {
+        inner: embedded(Policy::default()),
+        failures: AtomicUsize::new(1),
+    });
+    let (base, calls) = serve_route(store, created).await;
+    let key = fresh_key();
+    let first = post_order(&base, &key, "{}").await;
+    assert_eq!(
+        (first.status, first.header("idempotent-replayed")),
+        (201, None),
+        "{}",
+        first.text()
+    );
+    let retry = post_order(&base, &key, "{}").await;
+    assert_eq!((retry.status, retry.header("idempotent-replayed")), (201, Some("true")));
     assert_eq!(calls.load(Ordering::SeqCst), 1);
 }
 

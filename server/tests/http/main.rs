@@ -4,6 +4,7 @@
 //! the other modules test what does not depend on the backend.
 
 mod carrier;
+mod carrier_trust;
 mod cases;
 mod common;
 mod layer;
@@ -13,8 +14,10 @@ mod openapi;
 mod process;
 mod public_address;
 mod redis_out_of_memory;
+mod request_context;
 mod routing;
 mod secrets;
+mod shutdown;
 mod slow_clients;
 
 /// One `#[tokio::test]` per case per backend.

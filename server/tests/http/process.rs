@@ -47,7 +47,9 @@ impl Process {
             let mut url_sender = Some(url_sender);
             while let Ok(Some(line)) = lines.next_line().await {
                 if let Some(at) = line.find("listening on http://") {
-                    let url = line[at + "listening on ".len()..].trim().to_owned();
+                    // Up to a closing quote, for a JSON log line.
+                    let rest = &line[at + "listening on ".len()..];
+                    let url = rest.split('"').next().unwrap_or(rest).trim().to_owned();
                     if let Some(sender) = url_sender.take() {
                         let _ = sender.send(url);
                     }
@@ -130,6 +132,44 @@ async fn the_binary_starts_with_zero_set_up_and_stops_on_sigterm() {
     let (status, log) = server.terminate().await;
     assert!(status.success(), "{status:?}\n{log}");
     assert!(log.contains("stopped"), "{log}");
+}
+
+/// JSON logs are flat (the event's fields at the top level, not under
+/// `fields`), and every line a request writes carries its request id in
+/// its span.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_log_lines_are_flat_and_carry_the_request_id() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = [
+        ("IDEM__SERVER__LISTEN", "127.0.0.1:0".to_owned()),
+        ("IDEM__LOG__FORMAT", "json".to_owned()),
+        ("IDEM__CALLERS", callers()),
+    ];
+    let server = Process::start(&[], &env, dir.path()).await;
+    let response = client()
+        .post(format!("{}/v1/labels", server.url))
+        .bearer_auth(ALICE)
+        .header("idempotency-key", fresh_key())
+        .header("content-type", "application/json")
+        .header("x-request-id", "fulfilment-4711")
+        .body(label_body(order_id(), 1))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 201);
+    assert_eq!(response.headers()["x-request-id"], "fulfilment-4711");
+    let (_status, log) = server.terminate().await;
+    let lines: Vec<serde_json::Value> = log
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|error| panic!("{error}: {line}")))
+        .collect();
+    let request = lines
+        .iter()
+        .find(|line| line["message"] == "request")
+        .unwrap_or_else(|| panic!("no request line: {log}"));
+    assert_eq!(request["status"], 201, "flat fields: {request}");
+    assert_eq!(request["route"], "/v1/labels", "{request}");
+    assert_eq!(request["span"]["request_id"], "fulfilment-4711", "{request}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
