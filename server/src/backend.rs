@@ -74,6 +74,7 @@ fn embedded_store(config: &Config, policy: Policy, kind: StoreKind) -> Result<Ar
     };
     let store_config = EmbeddedConfig {
         durability,
+        sizes: embedded.sizes(),
         ..EmbeddedConfig::new(&embedded.path)
     };
     EmbeddedStore::open_embedded(&store_config, policy)

@@ -242,6 +242,12 @@ pub enum DurabilityConfig {
 pub struct EmbeddedStoreConfig {
     pub path: PathBuf,
     pub durability: DurabilityConfig,
+    /// fjall's block cache, in bytes.
+    pub cache_bytes: u64,
+    /// The memtable a flush writes whole; up to two are in memory.
+    pub memtable_bytes: u64,
+    /// Journal bytes kept before the oldest memtables are forced to flush.
+    pub journal_bytes_max: u64,
 }
 
 /// `Debug` by hand: the URLs may carry passwords ([`redact_secrets`]).
@@ -471,11 +477,25 @@ impl Default for StoreConfig {
     }
 }
 
+impl EmbeddedStoreConfig {
+    pub fn sizes(&self) -> store_fdb::EmbeddedSizes {
+        store_fdb::EmbeddedSizes {
+            cache_bytes: self.cache_bytes,
+            memtable_bytes: self.memtable_bytes,
+            journal_bytes_max: self.journal_bytes_max,
+        }
+    }
+}
+
 impl Default for EmbeddedStoreConfig {
     fn default() -> Self {
+        let sizes = store_fdb::EmbeddedSizes::default();
         Self {
             path: PathBuf::from(DATA_DIR_DEFAULT),
             durability: DurabilityConfig::SyncData,
+            cache_bytes: sizes.cache_bytes,
+            memtable_bytes: sizes.memtable_bytes,
+            journal_bytes_max: sizes.journal_bytes_max,
         }
     }
 }
@@ -829,6 +849,14 @@ impl Config {
         if uses_embedded && store.embedded.path.as_os_str().is_empty() {
             return Err(field_error("store.embedded.path", "must name a directory"));
         }
+        if let Some((name, min, max)) = store.embedded.sizes().out_of_range() {
+            let field = match name {
+                "cache_bytes" => "store.embedded.cache_bytes",
+                "memtable_bytes" => "store.embedded.memtable_bytes",
+                _ => "store.embedded.journal_bytes_max",
+            };
+            return Err(field_error(field, format!("must be {min} to {max}")));
+        }
         self.validate_labels(labels)?;
         match store.kind {
             StoreKind::Redis if store.redis.urls.is_empty() => Err(field_error(
@@ -1016,6 +1044,13 @@ mod tests {
         assert!(refusal(&[("IDEM__CARRIER__SIMULATOR__ERROR_RATE", "2")]).contains("carrier.simulator.error_rate"));
         assert!(refusal(&[("IDEM__STORE__KIND", "postgres")]).contains("store.postgres.url"));
         assert!(refusal(&[("IDEM__SWEEPER__BATCH_MAX", "0")]).contains("sweeper.batch_max"));
+        assert!(
+            refusal(&[("IDEM__STORE__EMBEDDED__MEMTABLE_BYTES", "1000")]).contains("store.embedded.memtable_bytes")
+        );
+        assert!(
+            refusal(&[("IDEM__STORE__EMBEDDED__JOURNAL_BYTES_MAX", "1048576")])
+                .contains("store.embedded.journal_bytes_max")
+        );
     }
 
     #[test]

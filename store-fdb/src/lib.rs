@@ -23,7 +23,11 @@ pub use self::foundationdb::{
 /// FoundationDB's network options, for [`FoundationDbNetwork::start_with_options`].
 #[cfg(feature = "foundationdb")]
 pub use ::foundationdb::options::NetworkOption;
-pub use embedded::{Durability, EmbeddedConfig, EmbeddedEngine, FaultPlan};
+pub use embedded::{
+    CACHE_BYTES_DEFAULT, CACHE_BYTES_MIN, Durability, EMBEDDED_SIZE_BYTES_LIMIT, EmbeddedConfig, EmbeddedEngine,
+    EmbeddedSizes, FaultPlan, JOURNAL_BYTES_MAX_DEFAULT, JOURNAL_BYTES_MAX_MIN, MEMTABLE_BYTES_DEFAULT,
+    MEMTABLE_BYTES_MIN,
+};
 pub use engine::{Engine, EngineError, EngineErrorKind, MaybeCommitted, RunOptions, Transaction, TxError};
 pub use keys::KeyLayout;
 pub use store::FdbStore;
