@@ -9,7 +9,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
 use std::time::Duration;
 
-/// The seed's peak: 2,000 label creates per second.
+/// The design's peak: 2,000 label creates per second (docs/design.md#peak).
 pub const RATE_PER_S_DEFAULT: f64 = 2_000.0;
 pub const DURATION_S_DEFAULT: u64 = 60;
 pub const WARMUP_S_DEFAULT: u64 = 5;

@@ -68,7 +68,7 @@ pub struct LabelRequest {
 }
 
 impl Intent {
-    /// The seed's derived key: the same parcel always gets the same key,
+    /// The derived key (docs/design.md#key-per-intent): the same parcel always gets the same key,
     /// even after the caller restarts mid-retry.
     pub fn derived_key(&self) -> String {
         format!("label:{}:{}:v{}", self.order_id, self.parcel_no, self.label_version)
@@ -98,7 +98,7 @@ impl Intent {
         format!("L-{}-{}-{}", self.order_id, self.parcel_no, self.label_version)
     }
 
-    /// A response of about the seed's size (~300 bytes saved per record).
+    /// A response of about the design's size (~300 bytes saved per record: docs/design.md#record-size).
     pub fn saved_response(&self) -> Result<SavedResponse, InvalidInput> {
         let body = serde_json::json!({
             "label_id": self.label_id(),

@@ -12,7 +12,7 @@
 //! - [`http_mode`]: the Fulfilment service against the Label service, and
 //!   the audit of every intent.
 //! - [`output`], [`chart`], [`progress`]: tables, JSON, SVG, progress bar.
-//! - [`targets`]: issue 6's targets, checked against what a run measured.
+//! - [`targets`]: the performance targets of BENCHMARKS.md, checked against what a run measured.
 
 pub mod chart;
 pub mod cli;

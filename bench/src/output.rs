@@ -28,7 +28,7 @@ pub struct Report {
     pub store: Vec<StoreReport>,
     pub http: Vec<HttpReport>,
     pub unavailable: Vec<Unavailable>,
-    /// Issue 6's targets against what this report measured.
+    /// The performance targets (BENCHMARKS.md) against what this report measured.
     pub targets: Vec<TargetCheck>,
 }
 
@@ -136,7 +136,7 @@ impl Report {
         if self.targets.is_empty() {
             return String::new();
         }
-        let mut table = Table::new(&["target (issue 6)", "run", "measured", "met"]);
+        let mut table = Table::new(&["target", "run", "measured", "met"]);
         for target in &self.targets {
             table.row(vec![
                 target.target.clone(),

@@ -1,4 +1,4 @@
-//! Issue 6's targets, checked against whatever a report measured. The bench
+//! The performance targets of BENCHMARKS.md, checked against whatever a report measured. The bench
 //! reports them; it never fails a run on them (only the audit does), since
 //! a busy machine can miss a latency target without anything being wrong.
 

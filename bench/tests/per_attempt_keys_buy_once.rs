@@ -1,4 +1,4 @@
-//! The seed's first failure row, against an unmodified server: a client that
+//! docs/design.md#failure-new-key-per-attempt, against an unmodified server: a client that
 //! makes a new key on every retry, with carrier replies lost after the
 //! purchase. Each retry is a new record, but the Label service derives the
 //! carrier's key from the parcel, not from the client's key, so the carrier

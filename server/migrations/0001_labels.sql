@@ -1,6 +1,6 @@
 -- The Label service's labels, in the same database as the idempotency
 -- records so that a label and its completed record commit together.
--- One label per (caller, order, parcel, version): the seed's second line of
+-- One label per (caller, order, parcel, version): the second line of
 -- defence behind the idempotency key.
 CREATE TABLE labels (
     label_id              text        PRIMARY KEY CHECK (octet_length(label_id) BETWEEN 1 AND 64),

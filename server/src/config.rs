@@ -62,7 +62,7 @@ pub const SHUTDOWN_READINESS_DELAY_MS_DEFAULT: u64 = 2_000;
 pub const RETRY_AFTER_S_DEFAULT: u64 = 1;
 /// Longest `Retry-After` the config may set, in seconds.
 pub const RETRY_AFTER_S_MAX: u64 = 3_600;
-/// Default carrier call timeout (the seed's 20 s, inside the 30 s lease).
+/// Default carrier call timeout (20 s inside the 30 s lease: docs/design.md#carrier-timeout).
 pub const CARRIER_TIMEOUT_MS_DEFAULT: u64 = 20_000;
 /// Longest carrier timeout accepted.
 pub const CARRIER_TIMEOUT_MS_MAX: u64 = 10 * 60 * 1000;
@@ -772,7 +772,7 @@ impl Config {
         let carrier = &self.carrier;
         check_range("carrier.timeout_ms", carrier.timeout_ms, 1, CARRIER_TIMEOUT_MS_MAX)?;
         check_range("carrier.retry_after_s", carrier.retry_after_s, 1, RETRY_AFTER_S_MAX)?;
-        // The seed's rule: an attempt must get its carrier answer (or give
+        // docs/design.md#lease-outlasts-call: an attempt must get its carrier answer (or give
         // up) while it still holds the lease, or two attempts run at once.
         if policy.lease_ms() <= carrier.timeout_ms {
             return Err(field_error(

@@ -39,7 +39,7 @@ pub enum Disposition {
 pub struct LoggedError(pub String);
 
 /// Every error the API answers. Status codes and `code` strings are the API
-/// contract (issue 5); do not rename them.
+/// contract (docs/design.md#status-codes); do not rename them.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ApiError {
     #[error("the Idempotency-Key header is required")]

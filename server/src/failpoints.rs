@@ -1,4 +1,4 @@
-//! Failpoints in the label create path, for the reliability tests (issue 7).
+//! Failpoints in the label create path, for the reliability tests (RELIABILITY.md).
 //!
 //! Compiled in only with the `failpoints` feature; without it [`reached`]
 //! does nothing and the `fail` crate is not linked. The points, in the order

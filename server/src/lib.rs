@@ -1,4 +1,4 @@
-//! The Label service over HTTP (issue 5): an idempotency layer any axum
+//! The Label service over HTTP: an idempotency layer any axum
 //! route can wear, a handler-level API for routes whose effect must commit
 //! with the key, a carrier simulator, config-selected backends, and
 //! Prometheus metrics.

@@ -129,7 +129,7 @@ impl<E: Engine> FdbStore<E> {
 
     /// Runs an effect and the completion of its record in one transaction,
     /// only while `lease` still holds: the handler-level API for work whose
-    /// rows must commit with the key (the seed's transaction 2).
+    /// rows must commit with the key (docs/design.md#transaction-2).
     ///
     /// The fence is checked before the effect runs, so an attempt that lost
     /// its lease runs nothing. The effect writes its rows (under

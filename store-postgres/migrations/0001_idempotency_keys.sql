@@ -1,4 +1,4 @@
--- The seed's idempotency_keys table, with the key stored as its SHA-256
+-- The design's idempotency_keys table (docs/design.md#backend-postgres), with the key stored as its SHA-256
 -- digest (keys may carry personal data) and the response kept as bytes
 -- (bodies need not be UTF-8).
 CREATE TYPE idempotency_state AS ENUM ('started', 'completed');

@@ -1,5 +1,5 @@
 //! The handler-level atomic API: the effect's rows and the completed record
-//! commit in one PostgreSQL transaction, or neither does (the seed's
+//! commit in one PostgreSQL transaction, or neither does (docs/design.md's
 //! transaction 2).
 
 use crate::error::{Attempt, CompleteWithError, EffectError, effect_attempt};

@@ -1,4 +1,4 @@
-//! idem's PostgreSQL store: the seed's own design.
+//! idem's PostgreSQL store: the design's own backend (docs/design.md#backend-postgres).
 //!
 //! - Records live in `idempotency_keys`, keyed by (caller, SHA-256 of the
 //!   key), created by versioned migrations ([`PostgresStore::migrate`]).

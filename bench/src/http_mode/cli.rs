@@ -5,7 +5,7 @@ use crate::store_mode::Backend;
 use clap::{Args, ValueEnum};
 use std::path::PathBuf;
 
-/// The Fulfilment service's deadline per call (the seed's 250 ms).
+/// The Fulfilment service's deadline per call (250 ms: docs/design.md#client-deadline).
 pub const DEADLINE_MS_DEFAULT: u64 = 250;
 /// Attempts per intent before the client gives up (the intent is then lost).
 pub const ATTEMPTS_MAX_DEFAULT: u32 = 10;
@@ -57,14 +57,14 @@ impl std::fmt::Display for ClientProfile {
 pub enum KeyMode {
     /// One key per intent, derived from the parcel: label:{order_id}:{parcel_no}:v{label_version}.
     Derived,
-    /// A new random key on every attempt: the seed's first failure row.
+    /// A new random key on every attempt: docs/design.md#failure-new-key-per-attempt.
     PerAttempt,
 }
 
 /// The Fulfilment service's behaviour.
 #[derive(Debug, Clone, Args)]
 pub struct FulfilmentArgs {
-    /// One key per intent (derived) or a new key per attempt (the seed's bug).
+    /// One key per intent (derived) or a new key per attempt (docs/design.md#failure-new-key-per-attempt).
     #[arg(long, value_enum, default_value_t = KeyMode::Derived)]
     pub key_mode: KeyMode,
     /// How the client retries: polite (Retry-After, retry quota) or aggressive (neither).

@@ -107,7 +107,7 @@ impl Workload for PostgresIntents {
 }
 
 /// Claim, then `complete_with` inserting the label row in the same
-/// transaction as the completed record (the seed's transaction 2).
+/// transaction as the completed record (docs/design.md#transaction-2).
 async fn run_intent(store: &PostgresStore, inputs: &IntentInputs, index: u64) -> Outcome {
     let (intent, request) = match inputs.claim(index) {
         Ok(claim) => claim,

@@ -2,7 +2,7 @@
 //!
 //! An attempt is finished exactly once, in one of four ways:
 //! - [`Attempt::complete_with`]: run a commit that writes the effect and
-//!   completes the record in one transaction (the seed's transaction 2);
+//!   completes the record in one transaction (docs/design.md#transaction-2);
 //! - [`Attempt::complete`]: save an answer that has no effect rows;
 //! - [`Attempt::abandon`]: nothing happened (validation failed), delete the record;
 //! - [`Attempt::release`]: the outcome is unknown, end the lease now.

@@ -1,6 +1,6 @@
 //! `POST /v1/labels` and `GET /v1/labels/{label_id}`.
 //!
-//! Creating a label is the seed's algorithm on the handler-level API: the
+//! Creating a label is the two-transaction algorithm (docs/design.md#two-transactions) on the handler-level API: the
 //! idempotency layer has claimed the key (transaction 1); the handler
 //! validates (abandoning the key on failure), asks the carrier with the
 //! derived key between the transactions, and commits the label with the

@@ -3,7 +3,7 @@
 //! A label is unique per (caller, order_id, parcel_no, label_version): a
 //! second insert for the same parcel returns the label that is already
 //! there instead of adding (or buying) another. That constraint is the
-//! seed's second line of defence, behind the idempotency key. It is scoped
+//! second line of defence (docs/design.md#second-line-of-defence), behind the idempotency key. It is scoped
 //! per caller because order ids belong to each caller's own systems, and a
 //! caller must never be handed another caller's label.
 

@@ -1,6 +1,6 @@
 //! Labels in PostgreSQL, in the same database as the records: the label
 //! insert and the completed record commit in one transaction
-//! (`PostgresStore::complete_with`, the seed's transaction 2). The table is
+//! (`PostgresStore::complete_with`, transaction 2 of docs/design.md#transaction-2). The table is
 //! created by the server's own migration, run by store-postgres's runner.
 
 use super::{Label, LabelStore, LabelTable, Parcel, ShippingService, StoredLabel, label_response};

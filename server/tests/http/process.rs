@@ -221,7 +221,7 @@ async fn carrier_stats(carrier: &str) -> CarrierStats {
     response.json().await.unwrap()
 }
 
-/// The seed's timeline: attempt 1 buys the label and dies before
+/// The timeline of docs/design.md#timeline: attempt 1 buys the label and dies before
 /// committing; retries get 409 until its lease expires; then a retry takes
 /// over, the carrier's own key hands back the same label, and one label was
 /// bought. The server restarts on its data directory; the carrier, a

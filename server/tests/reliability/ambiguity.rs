@@ -1,4 +1,4 @@
-//! Issue 7, item 2: ambiguous commits.
+//! Ambiguous commits.
 //!
 //! The embedded engine's seeded fault switch answers 5 % of the commits
 //! that write with `commit_unknown_result`: half of them without committing,

@@ -1,4 +1,4 @@
-//! Issue 7, item 6: bad input, over HTTP, on every backend, with the stores
+//! Bad input, over HTTP, on every backend, with the stores
 //! checked afterwards. The server's own suite (tests/http) checks the answer
 //! to some of these; this table adds the rest (non-ASCII and control
 //! characters, wrong types, unknown service, wrong content type, another

@@ -1,4 +1,4 @@
-//! Issue 7, item 1: crashes at every step of a create.
+//! Crashes at every step of a create.
 //!
 //! The real `server` binary (built with failpoints) runs against a carrier
 //! simulator in a process of its own, which outlives every crash. Each

@@ -1,4 +1,4 @@
-//! Issue 7, item 3: lease races.
+//! Lease races.
 //!
 //! The spec's failure row "lease shorter than the slowest downstream call":
 //! two attempts run at once, and only the fence (complete only while the

@@ -1,4 +1,4 @@
-//! The reliability suite (issue 7): crashes, ambiguous commits, lease races,
+//! The reliability suite (RELIABILITY.md): crashes, ambiguous commits, lease races,
 //! store faults, a concurrency storm, bad input, properties and overload,
 //! each against real components (the `server` binary or the service
 //! assembled in-process, real redis-server and PostgreSQL processes).

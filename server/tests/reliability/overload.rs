@@ -1,4 +1,4 @@
-//! Issue 7, item 8: overload.
+//! Overload.
 //!
 //! The real `server` binary with an in-flight cap of 32, a carrier process
 //! that takes 50 ms per label. First 32 closed-loop clients (the cap) for

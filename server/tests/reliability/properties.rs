@@ -1,4 +1,4 @@
-//! Issue 7, item 7: properties of the three parsers that read outside input.
+//! Properties of the three parsers that read outside input.
 //!
 //! - The `Idempotency-Key` header parser (`server::key_header::parse_key`):
 //!   any bytes give a key or an error, never a panic; a key is always 1 to

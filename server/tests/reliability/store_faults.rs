@@ -1,4 +1,4 @@
-//! Issue 7, item 4: the store fails under load and comes back.
+//! The store fails under load and comes back.
 //!
 //! A Fulfilment client keeps 6 parcels in flight, each retried with its key
 //! until it has its label, while the store goes away and returns:

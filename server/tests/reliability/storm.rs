@@ -1,4 +1,4 @@
-//! Issue 7, item 5: a concurrency storm.
+//! A concurrency storm.
 //!
 //! 1,000 requests with one key and one body, all sent at once, while the
 //! carrier takes 300 ms: exactly one carrier purchase and one label; the
