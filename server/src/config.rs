@@ -1128,4 +1128,28 @@ mod tests {
         let config = Config::load(Some(&path), Vec::new()).unwrap();
         assert_eq!(config.store.kind, StoreKind::Embedded);
     }
+
+    /// The fleet configs DEPLOYMENT.md shows are configs the server takes.
+    #[test]
+    fn the_deployment_examples_load() {
+        let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy");
+        for (file, kind, labels) in [
+            ("fleet-postgres.toml", StoreKind::Postgres, LabelsKind::WithRecords),
+            ("fleet-redis-postgres.toml", StoreKind::Redis, LabelsKind::Postgres),
+            (
+                "fleet-foundationdb.toml",
+                StoreKind::Foundationdb,
+                LabelsKind::WithRecords,
+            ),
+        ] {
+            let config =
+                Config::load(Some(&deploy.join(file)), Vec::new()).unwrap_or_else(|error| panic!("{file}: {error}"));
+            assert_eq!(
+                (config.store.kind, config.store.labels_kind()),
+                (kind, labels),
+                "{file}"
+            );
+            assert!(!config.has_demo_caller(), "{file} keeps the public demo caller");
+        }
+    }
 }
