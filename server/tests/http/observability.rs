@@ -330,6 +330,11 @@ async fn every_counter_and_histogram_is_exported_at_zero_right_after_start() {
             "{series}"
         );
     }
+    assert_eq!(
+        metric_value(&text, "idem_http_requests_in_flight_max", &[]),
+        Options::default().in_flight_max as f64,
+        "the cap the alert IdemInFlightNearCap compares with:\n{text}"
+    );
     let histograms = [
         "idem_sweeper_run_duration_seconds_bucket",
         "idem_carrier_call_duration_seconds_bucket{outcome=\"purchased\"",
