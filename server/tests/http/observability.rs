@@ -125,7 +125,7 @@ fn the_alert_rules_pass_promtool_test_rules() {
     let rules = std::fs::read_to_string(ops_file("alerts.yml")).unwrap();
     let tests = std::fs::read_to_string(ops_file("alerts_test.yml")).unwrap();
     let names = alert_names(&rules);
-    assert!(names.len() >= 12, "{names:?}");
+    assert!(names.len() >= 18, "{names:?}");
     for name in &names {
         assert!(
             tests.contains(&format!("alertname: {name}\n")),
@@ -202,6 +202,13 @@ async fn a_real_prometheus_scrapes_the_server_and_answers_a_query() {
     let created = "sum(idem_http_requests_total{job=\"idem\",route=\"/v1/labels\",outcome=\"created\"})";
     let value = first_answer(port, created).await;
     assert!(value >= 1.0, "Prometheus read {value}");
+    // The latency SLO alerts select the 1-second bucket as `le=~"1|1\\.0"`
+    // and the API routes as `route=~"/v1/.+"`: the label values the server
+    // really exports must match, or the alerts watch nothing.
+    let within_slo = "sum(idem_http_request_duration_seconds_bucket\
+         {job=\"idem\",route=~\"/v1/.+\",le=~\"1|1\\\\.0\"})";
+    let value = first_answer(port, within_slo).await;
+    assert!(value >= 1.0, "Prometheus read {value} for {within_slo}");
     server.shutdown().await;
 }
 
