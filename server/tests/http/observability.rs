@@ -144,6 +144,10 @@ fn the_dashboard_is_json_with_panels_on_our_metrics() {
         "idem_late_keys_total",
         "idem_lease_takeovers_total",
         "idem_store_operation_duration_seconds_bucket",
+        "idem_http_request_duration_seconds_count",
+        "idem_http_requests_in_flight_max",
+        "idem_admission_shed_total",
+        "idem_admission_queue_waiting",
     ] {
         assert!(text.contains(metric), "dashboard lacks {metric}");
     }
