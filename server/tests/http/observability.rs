@@ -125,7 +125,7 @@ fn the_alert_rules_pass_promtool_test_rules() {
     let rules = std::fs::read_to_string(ops_file("alerts.yml")).unwrap();
     let tests = std::fs::read_to_string(ops_file("alerts_test.yml")).unwrap();
     let names = alert_names(&rules);
-    assert!(names.len() >= 18, "{names:?}");
+    assert!(names.len() >= 19, "{names:?}");
     for name in &names {
         assert!(
             tests.contains(&format!("alertname: {name}\n")),
