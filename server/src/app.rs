@@ -16,7 +16,7 @@ use crate::labels::LabelStore;
 use crate::labels::handlers::{create_label, get_label};
 use crate::limits::{Limits, request_timeout, shed_overload};
 use crate::media_type::require_json;
-use crate::metrics::{prometheus_handle, register_at_zero};
+use crate::metrics::{export_limits, prometheus_handle, register_at_zero};
 use crate::observe::observe;
 use crate::probes::{healthz, method_not_allowed, metrics, not_found, openapi_json, readyz};
 use crate::request_context::request_context;
@@ -142,6 +142,7 @@ impl App {
         let callers = Callers::from_config(&config.callers).map_err(StartupError::Callers)?;
         let backends = backend::open(&config).await?;
         register_at_zero(backends.records.backend_name());
+        export_limits(config.server.in_flight_max);
         let (carrier_url, carrier_server) = start_carrier(&config).await?;
         let carrier = CarrierClient::new(&carrier_url, Duration::from_millis(config.carrier.timeout_ms))
             .map_err(StartupError::Carrier)?;

@@ -14,6 +14,9 @@ pub const HTTP_REQUESTS_TOTAL: &str = "idem_http_requests_total";
 pub const HTTP_REQUEST_DURATION_SECONDS: &str = "idem_http_request_duration_seconds";
 /// Requests being served right now.
 pub const HTTP_REQUESTS_IN_FLIGHT: &str = "idem_http_requests_in_flight";
+/// The cap on requests in flight (`server.in_flight_max`), so an alert can
+/// compare the gauge above with the cap this process runs with.
+pub const HTTP_REQUESTS_IN_FLIGHT_MAX: &str = "idem_http_requests_in_flight_max";
 /// Requests refused by admission control, by `reason` (`queue_delay`,
 /// `queue_full`, `caller_share`).
 pub const ADMISSION_SHED_TOTAL: &str = "idem_admission_shed_total";
@@ -93,6 +96,10 @@ fn describe() {
         "Time to answer a request."
     );
     describe_gauge!(HTTP_REQUESTS_IN_FLIGHT, "Requests being served.");
+    describe_gauge!(
+        HTTP_REQUESTS_IN_FLIGHT_MAX,
+        "The cap on requests in flight (server.in_flight_max)."
+    );
     describe_counter!(
         ADMISSION_SHED_TOTAL,
         "Requests refused by admission control before any work, by reason."
@@ -204,6 +211,11 @@ pub fn register_at_zero(records_backend: &'static str) {
         }
     }
     register_requests_at_zero();
+}
+
+/// Exports the limits this process runs with, for the saturation alerts.
+pub fn export_limits(in_flight_max: usize) {
+    metrics::gauge!(HTTP_REQUESTS_IN_FLIGHT_MAX).set(in_flight_max as f64);
 }
 
 /// Takes a histogram's handle and lets it go: asking the recorder for it is

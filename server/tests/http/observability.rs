@@ -1,6 +1,7 @@
 //! Metrics and operations: the exposition passes `promtool check metrics`,
-//! the alert rules pass `promtool check rules`, a real Prometheus scrapes the
-//! server and answers a query, and the sweeper purges and counts late keys.
+//! the alert rules pass `promtool check rules` and their unit tests
+//! (`promtool test rules`), a real Prometheus scrapes the server and answers
+//! a query, and the sweeper purges and counts late keys.
 
 use crate::common::{
     ALICE, Backend, Options, TestServer, fresh_key, label_body, metric_value, order_id, purchases_for,
@@ -56,13 +57,12 @@ async fn the_exposition_passes_promtool_check_metrics() {
         !text.contains("route=\"/v1/labels/lbl_"),
         "raw paths must never become labels"
     );
-    let mut promtool = Command::new(PROMTOOL_PROGRAM)
-        .args(["check", "metrics"])
+    let mut promtool = promtool(&["check", "metrics"])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("promtool (Debian package prometheus) is installed");
+        .unwrap_or_else(|error| panic!("{}", promtool_missing(&error)));
     promtool.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
     let output = promtool.wait_with_output().unwrap();
     let said = String::from_utf8_lossy(&output.stdout).into_owned() + &String::from_utf8_lossy(&output.stderr);
@@ -73,16 +73,65 @@ async fn the_exposition_passes_promtool_check_metrics() {
     server.shutdown().await;
 }
 
+/// A `promtool` command with `args`, run from the `ops` directory (the unit
+/// tests name their rule file relative to themselves).
+fn promtool(args: &[&str]) -> Command {
+    let mut command = Command::new(PROMTOOL_PROGRAM);
+    command.args(args).current_dir(ops_file(""));
+    command
+}
+
+/// What to do when promtool cannot be started: these tests need it.
+fn promtool_missing(error: &std::io::Error) -> String {
+    format!(
+        "cannot run {PROMTOOL_PROGRAM} ({error}): install Debian's `prometheus` package \
+         (`sudo apt-get install prometheus`), or run scripts/test, which installs it"
+    )
+}
+
+/// Runs promtool to the end; its stdout and stderr together.
+fn promtool_says(args: &[&str]) -> (bool, String) {
+    let output = promtool(args)
+        .output()
+        .unwrap_or_else(|error| panic!("{}", promtool_missing(&error)));
+    let said = String::from_utf8_lossy(&output.stdout).into_owned() + &String::from_utf8_lossy(&output.stderr);
+    (output.status.success(), said)
+}
+
 #[test]
 fn the_alert_rules_pass_promtool_check_rules() {
-    let output = Command::new(PROMTOOL_PROGRAM)
-        .args(["check", "rules"])
-        .arg(ops_file("alerts.yml"))
-        .output()
-        .expect("promtool (Debian package prometheus) is installed");
-    let said = String::from_utf8_lossy(&output.stdout).into_owned() + &String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "{said}");
+    let (passed, said) = promtool_says(&["check", "rules", "alerts.yml"]);
+    assert!(passed, "{said}");
     assert!(said.contains("SUCCESS"), "{said}");
+}
+
+/// Alert rule names in a rules file: the `- alert: Name` lines.
+fn alert_names(rules: &str) -> std::collections::BTreeSet<String> {
+    rules
+        .lines()
+        .filter_map(|line| line.trim().strip_prefix("- alert:"))
+        .map(|name| name.trim().to_owned())
+        .collect()
+}
+
+/// `alerts_test.yml` makes every rule fire on synthetic series and keeps it
+/// quiet where it must not fire (another job, below the threshold, too short
+/// for its `for`); every rule in `alerts.yml` has cases there.
+#[test]
+fn the_alert_rules_pass_promtool_test_rules() {
+    let (passed, said) = promtool_says(&["test", "rules", "alerts_test.yml"]);
+    assert!(passed, "promtool test rules server/ops/alerts_test.yml:\n{said}");
+    assert!(said.contains("SUCCESS"), "{said}");
+    let rules = std::fs::read_to_string(ops_file("alerts.yml")).unwrap();
+    let tests = std::fs::read_to_string(ops_file("alerts_test.yml")).unwrap();
+    let names = alert_names(&rules);
+    assert!(names.len() >= 19, "{names:?}");
+    for name in &names {
+        assert!(
+            tests.contains(&format!("alertname: {name}\n")),
+            "{name} has no case in alerts_test.yml"
+        );
+    }
 }
 
 #[test]
@@ -95,6 +144,10 @@ fn the_dashboard_is_json_with_panels_on_our_metrics() {
         "idem_late_keys_total",
         "idem_lease_takeovers_total",
         "idem_store_operation_duration_seconds_bucket",
+        "idem_http_request_duration_seconds_count",
+        "idem_http_requests_in_flight_max",
+        "idem_admission_shed_total",
+        "idem_admission_queue_waiting",
     ] {
         assert!(text.contains(metric), "dashboard lacks {metric}");
     }
@@ -150,10 +203,25 @@ async fn a_real_prometheus_scrapes_the_server_and_answers_a_query() {
             .spawn()
             .expect("prometheus (Debian package prometheus) is installed"),
     );
-    let query = "sum(idem_http_requests_total{job=\"idem\",route=\"/v1/labels\",outcome=\"created\"})";
+    let created = "sum(idem_http_requests_total{job=\"idem\",route=\"/v1/labels\",outcome=\"created\"})";
+    let value = first_answer(port, created).await;
+    assert!(value >= 1.0, "Prometheus read {value}");
+    // The latency SLO alerts select the 1-second bucket as `le=~"1|1\\.0"`
+    // and the API routes as `route=~"/v1/.+"`: the label values the server
+    // really exports must match, or the alerts watch nothing.
+    let within_slo = "sum(idem_http_request_duration_seconds_bucket\
+         {job=\"idem\",route=~\"/v1/.+\",le=~\"1|1\\\\.0\"})";
+    let value = first_answer(port, within_slo).await;
+    assert!(value >= 1.0, "Prometheus read {value} for {within_slo}");
+    server.shutdown().await;
+}
+
+/// The first value Prometheus on `port` answers to `query`, asked again
+/// until it has scraped what the query needs.
+async fn first_answer(port: u16, query: &str) -> f64 {
     let http = crate::common::client();
     let started = Instant::now();
-    let value = loop {
+    loop {
         let answer = http
             .get(format!(
                 "http://127.0.0.1:{port}/api/v1/query?query={}",
@@ -165,16 +233,14 @@ async fn a_real_prometheus_scrapes_the_server_and_answers_a_query() {
             && let Ok(body) = answer.json::<serde_json::Value>().await
             && let Some(value) = body["data"]["result"][0]["value"][1].as_str()
         {
-            break value.parse::<f64>().unwrap();
+            return value.parse::<f64>().unwrap();
         }
         assert!(
             started.elapsed() < Duration::from_millis(SCRAPE_WAIT_MS_MAX),
-            "no scrape within the limit"
+            "no answer to {query} within the limit"
         );
         tokio::time::sleep(Duration::from_millis(250)).await;
-    };
-    assert!(value >= 1.0, "Prometheus read {value}");
-    server.shutdown().await;
+    }
 }
 
 /// The sweeper purges expired records; a retry after the purge is a late
@@ -330,6 +396,11 @@ async fn every_counter_and_histogram_is_exported_at_zero_right_after_start() {
             "{series}"
         );
     }
+    assert_eq!(
+        metric_value(&text, "idem_http_requests_in_flight_max", &[]),
+        Options::default().in_flight_max as f64,
+        "the cap the alert IdemInFlightNearCap compares with:\n{text}"
+    );
     let histograms = [
         "idem_sweeper_run_duration_seconds_bucket",
         "idem_carrier_call_duration_seconds_bucket{outcome=\"purchased\"",
