@@ -3,7 +3,8 @@
 //! 1,000 requests with one key and one body, all sent at once, while the
 //! carrier takes 300 ms: exactly one carrier purchase and one label; the
 //! first attempt's 201, and every other answer a 409 `request_in_progress`
-//! or a byte-identical replay of that 201. On every backend.
+//! or a byte-identical replay of that 201. On every backend (FoundationDB
+//! with the server's `foundationdb` feature).
 //!
 //! `IDEM_STORM_REQUESTS` sets the number of requests (CI default 1,000).
 
@@ -109,6 +110,12 @@ async fn a_storm_on_one_key_buys_one_label_postgres() {
     storm(Backend::Postgres).await;
 }
 
+#[cfg(feature = "foundationdb")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_storm_on_one_key_buys_one_label_foundationdb() {
+    storm(Backend::Foundationdb).await;
+}
+
 /// Requests for one parcel, each with a key of its own, sent at once.
 const PARCEL_STORM_REQUESTS: usize = 50;
 
@@ -184,4 +191,10 @@ async fn many_keys_for_one_parcel_buy_one_label_redis() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_keys_for_one_parcel_buy_one_label_postgres() {
     many_keys_one_parcel(Backend::Postgres).await;
+}
+
+#[cfg(feature = "foundationdb")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_keys_for_one_parcel_buy_one_label_foundationdb() {
+    many_keys_one_parcel(Backend::Foundationdb).await;
 }
