@@ -184,6 +184,12 @@ pub struct BackendArgs {
     /// Use this PostgreSQL database (postgres://...) instead of spawning a server.
     #[arg(long)]
     pub postgres_url: Option<String>,
+    /// FoundationDB cluster file (never spawned); else FDB_CLUSTER_FILE, else FoundationDB's default.
+    #[arg(long)]
+    pub foundationdb_cluster_file: Option<PathBuf>,
+    /// Key prefix on the FoundationDB cluster; a fresh `bench-<hex>` per run when absent.
+    #[arg(long)]
+    pub foundationdb_key_prefix: Option<String>,
 }
 
 /// Closed-loop saturation and baseline settings.

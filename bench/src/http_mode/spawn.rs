@@ -349,6 +349,7 @@ async fn store_config(
         Backend::Embedded => (String::new(), Vec::new(), Vec::new()),
         Backend::Redis => redis_config(&settings.backend, fleet.redis_cluster).await?,
         Backend::Postgres => postgres_config(&settings.backend).await?,
+        Backend::Foundationdb => foundationdb_config(&settings.backend)?,
     };
     let mut labels = String::new();
     if settings.store_kind == Backend::Redis && fleet.labels_in_postgres {
@@ -406,4 +407,25 @@ async fn postgres_config(args: &BackendArgs) -> Result<(String, BackendGuards, V
 #[cfg(not(feature = "postgres"))]
 async fn postgres_config(_: &BackendArgs) -> Result<(String, BackendGuards, Vec<String>), SpawnError> {
     Err(SpawnError::Backend("postgres is not built into this binary".into()))
+}
+
+/// The cluster is the one the bench is pointed at (never spawned); the
+/// server needs its own `foundationdb` feature, else it refuses the kind at
+/// startup and says so. Without this crate's feature the kind is refused
+/// here too, for the same answer in store and http mode.
+#[cfg(feature = "foundationdb")]
+fn foundationdb_config(args: &BackendArgs) -> Result<(String, BackendGuards, Vec<String>), SpawnError> {
+    let (cluster_file, shown) = crate::store_mode::foundationdb::cluster_file(args);
+    // The server's own default is FoundationDB's, which FDB_CLUSTER_FILE
+    // (inherited by the spawned server) overrides, as in store mode.
+    let cluster_file = cluster_file.unwrap_or_default();
+    let prefix = crate::store_mode::foundationdb::key_prefix(args);
+    let section = format!("[store.foundationdb]\ncluster_file = {cluster_file:?}\nkey_prefix = {prefix:?}\n");
+    let notes = vec![format!("store: foundationdb, cluster {shown}, key prefix {prefix:?}")];
+    Ok((section, Vec::new(), notes))
+}
+
+#[cfg(not(feature = "foundationdb"))]
+fn foundationdb_config(_: &BackendArgs) -> Result<(String, BackendGuards, Vec<String>), SpawnError> {
+    Err(SpawnError::Backend("foundationdb is not built into this binary".into()))
 }

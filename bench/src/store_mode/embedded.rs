@@ -8,9 +8,7 @@ use futures::future::BoxFuture;
 use std::path::PathBuf;
 use std::sync::Arc;
 use store_core::{ClaimOutcome, IdempotencyStore, Policy};
-use store_fdb::{
-    Durability, EmbeddedConfig, EmbeddedEngine, EmbeddedStore, Engine, MaybeCommitted, RunOptions, Transaction,
-};
+use store_fdb::{Durability, EmbeddedConfig, EmbeddedStore, Engine, FdbStore, MaybeCommitted, RunOptions, Transaction};
 
 /// Bytes of the value each raw baseline transaction sets: a small row.
 pub const RAW_VALUE_BYTES: usize = 100;
@@ -42,7 +40,7 @@ pub fn open(options: &EmbeddedOptions, policy: Policy) -> Result<StoreTarget, Ta
     let store =
         EmbeddedStore::open_embedded(&config, policy).map_err(|error| TargetError::unavailable("embedded", error))?;
     let store = Arc::new(store);
-    let intents = Arc::new(EmbeddedIntents {
+    let intents = Arc::new(FdbIntents {
         store: store.clone(),
         inputs: Arc::new(IntentInputs::new("embedded")?),
     });
@@ -69,13 +67,14 @@ pub fn open(options: &EmbeddedOptions, policy: Policy) -> Result<StoreTarget, Ta
 }
 
 /// One intent: claim the derived key, then `complete_with` writing the
-/// label row in the same transaction as the completed record.
-struct EmbeddedIntents {
-    store: Arc<EmbeddedStore>,
-    inputs: Arc<IntentInputs>,
+/// label row in the same transaction as the completed record. On either
+/// engine of the FDB-style store (embedded, FoundationDB).
+pub(crate) struct FdbIntents<E: Engine> {
+    pub(crate) store: Arc<FdbStore<E>>,
+    pub(crate) inputs: Arc<IntentInputs>,
 }
 
-impl Workload for EmbeddedIntents {
+impl<E: Engine> Workload for FdbIntents<E> {
     fn operation(&self, index: u64) -> BoxFuture<'static, Outcome> {
         let store = self.store.clone();
         let inputs = self.inputs.clone();
@@ -83,7 +82,7 @@ impl Workload for EmbeddedIntents {
     }
 }
 
-async fn run_intent(store: &EmbeddedStore, inputs: &IntentInputs, index: u64) -> Outcome {
+async fn run_intent<E: Engine>(store: &FdbStore<E>, inputs: &IntentInputs, index: u64) -> Outcome {
     let (intent, request) = match inputs.claim(index) {
         Ok(claim) => claim,
         Err(outcome) => return outcome,
@@ -109,11 +108,11 @@ async fn run_intent(store: &EmbeddedStore, inputs: &IntentInputs, index: u64) ->
 }
 
 /// The engine alone: two transactions that each set one small value.
-struct RawCommits {
-    engine: EmbeddedEngine,
+pub(crate) struct RawCommits<E: Engine> {
+    pub(crate) engine: E,
 }
 
-impl Workload for RawCommits {
+impl<E: Engine + Clone> Workload for RawCommits<E> {
     fn operation(&self, index: u64) -> BoxFuture<'static, Outcome> {
         let engine = self.engine.clone();
         Box::pin(async move {
@@ -127,7 +126,7 @@ impl Workload for RawCommits {
     }
 }
 
-async fn raw_commit(engine: &EmbeddedEngine, number: u64) -> Result<(), store_core::StoreError> {
+async fn raw_commit<E: Engine>(engine: &E, number: u64) -> Result<(), store_core::StoreError> {
     let mut key = RAW_PREFIX.to_vec();
     key.extend_from_slice(&number.to_be_bytes());
     let value = [0x5a_u8; RAW_VALUE_BYTES];

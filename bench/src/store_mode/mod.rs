@@ -5,9 +5,12 @@
 //! Each backend module builds a [`StoreTarget`]: the intent workload, a raw
 //! baseline workload on the same engine or server (what the store would cost
 //! if it were free), and whatever keeps a spawned server alive. Backends plug
-//! in independently; redis and postgres are cargo features.
+//! in independently; redis, postgres and foundationdb are cargo features
+//! (foundationdb off by default: it links FoundationDB's client library).
 
 pub mod embedded;
+#[cfg(feature = "foundationdb")]
+pub mod foundationdb;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 #[cfg(feature = "redis")]
@@ -167,9 +170,14 @@ pub enum Backend {
     Embedded,
     Redis,
     Postgres,
+    /// A FoundationDB cluster the bench does not start; only with the `foundationdb` feature.
+    Foundationdb,
 }
 
 impl Backend {
+    /// The backends `--compare` tries by default. Not FoundationDB: the
+    /// bench cannot start a cluster, and the default build leaves it out;
+    /// name it with `--backend foundationdb`.
     pub const ALL: [Backend; 3] = [Backend::Embedded, Backend::Redis, Backend::Postgres];
 
     pub fn name(self) -> &'static str {
@@ -177,6 +185,7 @@ impl Backend {
             Backend::Embedded => "embedded",
             Backend::Redis => "redis",
             Backend::Postgres => "postgres",
+            Backend::Foundationdb => "foundationdb",
         }
     }
 }
@@ -198,7 +207,21 @@ pub async fn prepare(
         }
         Backend::Redis => prepare_redis(args, policy).await,
         Backend::Postgres => prepare_postgres(args, policy).await,
+        Backend::Foundationdb => prepare_foundationdb(args, policy).await,
     }
+}
+
+#[cfg(feature = "foundationdb")]
+async fn prepare_foundationdb(
+    args: &crate::cli::BackendArgs,
+    policy: store_core::Policy,
+) -> Result<StoreTarget, TargetError> {
+    foundationdb::open(args, policy).await
+}
+
+#[cfg(not(feature = "foundationdb"))]
+async fn prepare_foundationdb(_: &crate::cli::BackendArgs, _: store_core::Policy) -> Result<StoreTarget, TargetError> {
+    Err(TargetError::NotBuilt("foundationdb".into()))
 }
 
 #[cfg(feature = "redis")]

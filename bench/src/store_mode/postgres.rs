@@ -186,6 +186,8 @@ mod tests {
             redis_url: None,
             redis_persistence: crate::cli::RedisPersistence::None,
             postgres_url: None,
+            foundationdb_cluster_file: None,
+            foundationdb_key_prefix: None,
         };
         let target = open(&args, Policy::default()).await.unwrap();
         assert_eq!(target.intents.operation(0).await, Outcome::success("first_run"));

@@ -355,6 +355,8 @@ pub async fn reads_and_probes(backend: Backend) {
         Backend::Embedded => "embedded",
         Backend::Redis => "redis",
         Backend::Postgres => "postgres",
+        #[cfg(feature = "foundationdb")]
+        Backend::Foundationdb => "foundationdb",
     };
     assert_eq!(ready.json()["store"].as_str(), Some(expected_kind));
     server.shutdown().await;

@@ -20,6 +20,10 @@ pub enum Backend {
     Embedded,
     Redis,
     Postgres,
+    /// A real FoundationDB cluster, the one `FDB_CLUSTER_FILE` names
+    /// (scripts/test-foundationdb starts one and sets it).
+    #[cfg(feature = "foundationdb")]
+    Foundationdb,
 }
 
 /// Settings a test may change; everything else is the default config.
@@ -105,8 +109,32 @@ async fn backend_env(backend: Backend, data: &TempDir) -> (Vec<(String, String)>
             env.push(pair("IDEM__STORE__POSTGRES__URL", format!("\"{}\"", database.url)));
             BackendGuard::None
         }
+        #[cfg(feature = "foundationdb")]
+        Backend::Foundationdb => {
+            env.push(pair("IDEM__STORE__KIND", "foundationdb"));
+            env.push(pair(
+                "IDEM__STORE__FOUNDATIONDB__CLUSTER_FILE",
+                format!("\"{}\"", foundationdb_cluster_file()),
+            ));
+            // Tests share one cluster; a key prefix of their own keeps them apart.
+            env.push(pair(
+                "IDEM__STORE__FOUNDATIONDB__KEY_PREFIX",
+                format!("\"t{:016x}\"", rand::random::<u64>()),
+            ));
+            BackendGuard::None
+        }
     };
     (env, guard)
+}
+
+/// The cluster file of the FoundationDB the tests run on: `FDB_CLUSTER_FILE`,
+/// required, so a run without a cluster fails loudly instead of trying
+/// FoundationDB's default cluster file.
+#[cfg(feature = "foundationdb")]
+pub fn foundationdb_cluster_file() -> String {
+    std::env::var("FDB_CLUSTER_FILE").unwrap_or_else(|_| {
+        panic!("FDB_CLUSTER_FILE is not set: run the FoundationDB tests through scripts/test-foundationdb")
+    })
 }
 
 impl TestServer {

@@ -1,6 +1,8 @@
 //! The server's HTTP suite: a real server on an ephemeral loopback port per
 //! test. `cases` runs on every backend CI has (embedded always; Redis and
-//! PostgreSQL on real servers the store crates' test harnesses start);
+//! PostgreSQL on real servers the store crates' test harnesses start;
+//! FoundationDB with the server's `foundationdb` feature, on the cluster
+//! scripts/test-foundationdb starts);
 //! the other modules test what does not depend on the backend.
 
 mod carrier;
@@ -44,6 +46,17 @@ macro_rules! backend_suite {
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $case() {
                     crate::cases::$case(crate::common::Backend::Postgres).await
+                }
+            )*
+        }
+        /// Only with the server's `foundationdb` feature, on the cluster
+        /// scripts/test-foundationdb starts.
+        #[cfg(feature = "foundationdb")]
+        mod foundationdb {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    crate::cases::$case(crate::common::Backend::Foundationdb).await
                 }
             )*
         }

@@ -16,7 +16,8 @@
 //! uniqueness (the second line of defence; only Redis, whose label and
 //! record commit separately, may reach it).
 //!
-//! `IDEM_CRASHES` sets the crashes per backend (CI default 30).
+//! `IDEM_CRASHES` sets the crashes per backend (CI default 30; 50 on
+//! FoundationDB, whose suites run apart, in scripts/test-foundationdb).
 
 use crate::support::audit::{LabelCensus, census_postgres, open_embedded_at};
 use crate::support::backends::{Backend, BackendSetup, pair};
@@ -34,6 +35,17 @@ use std::time::{Duration, Instant};
 
 /// Crashes per backend when `IDEM_CRASHES` is not set.
 pub const CRASHES_CI_DEFAULT: usize = 30;
+/// Crashes on FoundationDB when `IDEM_CRASHES` is not set.
+#[cfg(feature = "foundationdb")]
+pub const CRASHES_FOUNDATIONDB_CI_DEFAULT: usize = 50;
+
+fn crashes_ci_default(backend: Backend) -> usize {
+    match backend {
+        #[cfg(feature = "foundationdb")]
+        Backend::Foundationdb => CRASHES_FOUNDATIONDB_CI_DEFAULT,
+        _ => CRASHES_CI_DEFAULT,
+    }
+}
 /// A short lease, so a retry takes a crashed attempt's key over quickly.
 const LEASE_MS: u64 = 600;
 /// Must stay under the lease (the config refuses otherwise).
@@ -239,11 +251,16 @@ async fn census(setup: &BackendSetup) -> LabelCensus {
             let store = open_embedded_at(&setup.embedded_path());
             crate::support::audit::census_embedded(&store).await
         }
+        #[cfg(feature = "foundationdb")]
+        Backend::Foundationdb => {
+            let store = crate::support::backends::open_foundationdb(setup, store_core::Policy::default()).await;
+            crate::support::audit::census_embedded(&store).await
+        }
     }
 }
 
 async fn crash_run(backend: Backend) {
-    let crashes = scaled("IDEM_CRASHES", CRASHES_CI_DEFAULT);
+    let crashes = scaled("IDEM_CRASHES", crashes_ci_default(backend));
     let mut rng = StdRng::seed_from_u64(seed(&format!("crash_{}", backend.name())));
     let setup = BackendSetup::start(backend).await;
     let carrier_env = [
@@ -305,7 +322,7 @@ fn judge(backend: Backend, driver: &mut Driver, stats: &CarrierStats, census: &L
         backend.name(),
         took.as_secs_f64()
     );
-    assert_eq!(figures.crashes, scaled("IDEM_CRASHES", CRASHES_CI_DEFAULT));
+    assert_eq!(figures.crashes, scaled("IDEM_CRASHES", crashes_ci_default(backend)));
     assert_eq!(figures.parcels, driver.done.len(), "every parcel got a final answer");
     assert_eq!(
         figures.parcels_with_final_label, figures.parcels,
@@ -350,4 +367,10 @@ async fn crashes_at_every_step_lose_nothing_and_buy_nothing_twice_redis() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crashes_at_every_step_lose_nothing_and_buy_nothing_twice_postgres() {
     crash_run(Backend::Postgres).await;
+}
+
+#[cfg(feature = "foundationdb")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crashes_at_every_step_lose_nothing_and_buy_nothing_twice_foundationdb() {
+    crash_run(Backend::Foundationdb).await;
 }

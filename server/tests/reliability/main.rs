@@ -8,7 +8,7 @@
 //!
 //! | variable | test | CI default |
 //! |---|---|---|
-//! | `IDEM_CRASHES` | crashes per backend (`crash`) | 30 |
+//! | `IDEM_CRASHES` | crashes per backend (`crash`) | 30 (FoundationDB: 50) |
 //! | `IDEM_AMBIGUOUS_CREATES` | creates under 5 % unknown commit results (`ambiguity`) | 1,000 |
 //! | `IDEM_STORM_REQUESTS` | concurrent requests with one key (`storm`) | 1,000 |
 //! | `IDEM_RELIABILITY_SEED` | replays a seeded run (every test prints its seed) | random |

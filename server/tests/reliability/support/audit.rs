@@ -5,7 +5,7 @@ use server::labels::StoredLabel;
 use std::collections::BTreeMap;
 use std::path::Path;
 use store_core::Policy;
-use store_fdb::{EmbeddedConfig, EmbeddedStore, Engine, RunOptions, Transaction};
+use store_fdb::{EmbeddedConfig, EmbeddedStore, Engine, FdbStore, RunOptions, Transaction};
 use store_postgres::tokio_postgres;
 
 /// Most rows one census reads.
@@ -52,8 +52,27 @@ pub async fn embedded_pairs(store: &EmbeddedStore) -> Vec<(Vec<u8>, Vec<u8>)> {
         .expect("scan the embedded store")
 }
 
-/// The labels in an open embedded store.
-pub async fn census_embedded(store: &EmbeddedStore) -> LabelCensus {
+/// Every key under a store's prefix on a FoundationDB cluster (the cluster
+/// is shared, so not the whole keyspace).
+#[cfg(feature = "foundationdb")]
+pub async fn foundationdb_pairs(store: &store_fdb::FoundationDbStore, prefix: &[u8]) -> Vec<(Vec<u8>, Vec<u8>)> {
+    // The prefix's successor: prefixes are "t" and 16 hex digits, so the
+    // last byte is never 0xff.
+    let mut end = prefix.to_vec();
+    *end.last_mut().expect("a prefix") += 1;
+    let (begin, end) = (prefix, end.as_slice());
+    store
+        .engine()
+        .run(RunOptions::default(), |tx, _| async move {
+            Ok(tx.get_range(begin, end, CENSUS_ROWS_MAX).await?)
+        })
+        .await
+        .expect("scan the store's prefix")
+}
+
+/// The labels in an open FDB-style store: the embedded one, or (with the
+/// `foundationdb` feature) one on a FoundationDB cluster.
+pub async fn census_embedded<E: Engine>(store: &FdbStore<E>) -> LabelCensus {
     let (begin, end) = store.layout().effects().subspace(&("label",)).range();
     let (begin, end) = (&begin, &end);
     let rows = store

@@ -1,7 +1,9 @@
 //! The three backends as the tests run them: the embedded store in a
 //! temporary directory, a real redis-server of the test's own (durable: AOF
 //! with an fsync per write, so a restart on the same port keeps the records),
-//! and a fresh database on a real PostgreSQL server.
+//! a fresh database on a real PostgreSQL server, and (with the server's
+//! `foundationdb` feature) a key prefix of the test's own on the FoundationDB
+//! cluster `FDB_CLUSTER_FILE` names, which scripts/test-foundationdb starts.
 
 use std::path::PathBuf;
 use store_postgres::testkit::PostgresServer;
@@ -13,6 +15,8 @@ pub enum Backend {
     Embedded,
     Redis,
     Postgres,
+    #[cfg(feature = "foundationdb")]
+    Foundationdb,
 }
 
 impl Backend {
@@ -23,6 +27,8 @@ impl Backend {
             Backend::Embedded => "embedded",
             Backend::Redis => "redis",
             Backend::Postgres => "postgres",
+            #[cfg(feature = "foundationdb")]
+            Backend::Foundationdb => "foundationdb",
         }
     }
 }
@@ -35,6 +41,9 @@ pub struct BackendSetup {
     pub redis: Option<RedisServer>,
     /// The test's database, for `Backend::Postgres`.
     pub postgres_url: Option<String>,
+    /// The test's key prefix on the cluster, for `Backend::Foundationdb`.
+    #[cfg(feature = "foundationdb")]
+    pub foundationdb_prefix: Option<String>,
 }
 
 /// Redis with an append-only file fsynced on every write: a restart on the
@@ -55,6 +64,8 @@ impl BackendSetup {
             data: data_directory(),
             redis: (backend == Backend::Redis).then(durable_redis),
             postgres_url,
+            #[cfg(feature = "foundationdb")]
+            foundationdb_prefix: (backend == Backend::Foundationdb).then(|| format!("t{:016x}", rand::random::<u64>())),
         }
     }
 
@@ -78,6 +89,14 @@ impl BackendSetup {
         if let Some(url) = &self.postgres_url {
             env.push(pair("IDEM__STORE__POSTGRES__URL", format!("\"{url}\"")));
         }
+        #[cfg(feature = "foundationdb")]
+        if let Some(prefix) = &self.foundationdb_prefix {
+            env.push(pair(
+                "IDEM__STORE__FOUNDATIONDB__CLUSTER_FILE",
+                format!("\"{}\"", foundationdb_cluster_file()),
+            ));
+            env.push(pair("IDEM__STORE__FOUNDATIONDB__KEY_PREFIX", format!("\"{prefix}\"")));
+        }
         env
     }
 }
@@ -100,4 +119,30 @@ pub async fn fresh_database(server: &PostgresServer) -> String {
 
 pub fn pair(key: &str, value: impl ToString) -> (String, String) {
     (key.to_owned(), value.to_string())
+}
+
+/// The cluster file of the FoundationDB the tests run on: `FDB_CLUSTER_FILE`,
+/// required, so a run without a cluster fails loudly instead of trying
+/// FoundationDB's default cluster file.
+#[cfg(feature = "foundationdb")]
+pub fn foundationdb_cluster_file() -> String {
+    std::env::var("FDB_CLUSTER_FILE").unwrap_or_else(|_| {
+        panic!("FDB_CLUSTER_FILE is not set: run the FoundationDB tests through scripts/test-foundationdb")
+    })
+}
+
+/// Opens the store a test's servers use on the cluster, from the test process.
+#[cfg(feature = "foundationdb")]
+pub async fn open_foundationdb(setup: &BackendSetup, policy: store_core::Policy) -> store_fdb::FoundationDbStore {
+    use store_fdb::{FoundationDbConfig, FoundationDbNetwork, FoundationDbStore, KeyPrefix};
+    let prefix = setup.foundationdb_prefix.as_ref().expect("the setup's key prefix");
+    let config = FoundationDbConfig {
+        cluster_file: Some(foundationdb_cluster_file()),
+        prefix: KeyPrefix::Bytes(prefix.as_bytes().to_vec()),
+        ..FoundationDbConfig::default()
+    };
+    let network = FoundationDbNetwork::start().expect("FoundationDB's client network");
+    FoundationDbStore::open_foundationdb(network, &config, policy)
+        .await
+        .expect("open the FoundationDB store")
 }

@@ -62,6 +62,8 @@ impl Default for ServiceOptions {
 enum Audit {
     Embedded(Arc<EmbeddedStore>),
     Postgres(String),
+    #[cfg(feature = "foundationdb")]
+    Foundationdb(Arc<store_fdb::FoundationDbStore>),
 }
 
 pub struct Service {
@@ -124,6 +126,8 @@ impl Service {
         match &self.audit {
             Audit::Embedded(store) => census_embedded(store).await,
             Audit::Postgres(url) => census_postgres(url).await,
+            #[cfg(feature = "foundationdb")]
+            Audit::Foundationdb(store) => census_embedded(store.as_ref()).await,
         }
     }
 
@@ -150,6 +154,14 @@ impl Service {
                 redis.query::<u64>(&["DBSIZE"]).expect("DBSIZE")
             }
             Backend::Postgres => postgres_record_rows(setup.postgres_url.as_deref().expect("url")).await as u64,
+            #[cfg(feature = "foundationdb")]
+            Backend::Foundationdb => {
+                let Audit::Foundationdb(store) = &self.audit else {
+                    unreachable!("a FoundationDB setup audits FoundationDB")
+                };
+                let prefix = setup.foundationdb_prefix.as_deref().expect("prefix");
+                super::audit::foundationdb_pairs(store, prefix.as_bytes()).await.len() as u64
+            }
         }
     }
 }
@@ -207,6 +219,13 @@ async fn open_stores(setup: &BackendSetup, options: &ServiceOptions) -> Stores {
             let records: Arc<dyn IdempotencyStore> = Arc::new(InstrumentedStore::new(Arc::new(store.clone())));
             let labels = Arc::new(PostgresLabels::new(store));
             (records, labels, None, Audit::Postgres(url))
+        }
+        #[cfg(feature = "foundationdb")]
+        Backend::Foundationdb => {
+            let store = Arc::new(super::backends::open_foundationdb(setup, options.policy).await);
+            let records: Arc<dyn IdempotencyStore> = Arc::new(InstrumentedStore::new(store.clone()));
+            let labels = Arc::new(FdbLabels::new(store.clone()));
+            (records, labels, None, Audit::Foundationdb(store))
         }
     }
 }

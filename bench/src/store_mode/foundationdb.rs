@@ -1,0 +1,83 @@
+//! The FDB-style store on a FoundationDB cluster, and its baseline: the
+//! cluster's raw commit rate, one small set per transaction, as the
+//! embedded engine's baseline does it. The same intent as on the embedded
+//! engine (claim, then `complete_with` writing the label row in the
+//! completing transaction), through FoundationDB's client.
+//!
+//! The cluster is never spawned: it is the one `--foundationdb-cluster-file`
+//! names, else `FDB_CLUSTER_FILE`, else FoundationDB's default cluster file.
+//! Each run writes under a key prefix of its own (`--foundationdb-key-prefix`,
+//! else `bench-` and random hex) and leaves its rows there.
+
+use super::embedded::{FdbIntents, RAW_VALUE_BYTES, RawCommits};
+use super::{Baseline, IntentInputs, StoreTarget, TargetError};
+use crate::cli::BackendArgs;
+use std::sync::Arc;
+use store_core::Policy;
+use store_fdb::{FoundationDbConfig, FoundationDbNetwork, FoundationDbStore, KeyPrefix};
+
+/// The cluster file the bench uses (`None`: FoundationDB's default, which
+/// `FDB_CLUSTER_FILE` overrides) and how the report names it.
+pub fn cluster_file(args: &BackendArgs) -> (Option<String>, String) {
+    let explicit = args
+        .foundationdb_cluster_file
+        .as_ref()
+        .map(|path| path.display().to_string());
+    let shown = explicit
+        .clone()
+        .or_else(|| {
+            std::env::var("FDB_CLUSTER_FILE")
+                .ok()
+                .map(|file| format!("{file} (FDB_CLUSTER_FILE)"))
+        })
+        .unwrap_or_else(|| "FoundationDB's default cluster file".to_owned());
+    (explicit, shown)
+}
+
+/// The run's key prefix: the one asked for, else a fresh one.
+pub fn key_prefix(args: &BackendArgs) -> String {
+    args.foundationdb_key_prefix
+        .clone()
+        .unwrap_or_else(|| format!("bench-{:016x}", rand::random::<u64>()))
+}
+
+pub async fn open(args: &BackendArgs, policy: Policy) -> Result<StoreTarget, TargetError> {
+    let unavailable = |error| TargetError::unavailable("foundationdb", error);
+    let (cluster_file, cluster_shown) = cluster_file(args);
+    let prefix = key_prefix(args);
+    let network = FoundationDbNetwork::start().map_err(unavailable)?;
+    let config = FoundationDbConfig {
+        cluster_file,
+        prefix: KeyPrefix::Bytes(prefix.clone().into_bytes()),
+        ..FoundationDbConfig::default()
+    };
+    let store = FoundationDbStore::open_foundationdb(network, &config, policy)
+        .await
+        .map_err(unavailable)?;
+    let store = Arc::new(store);
+    let intents = Arc::new(FdbIntents {
+        store: store.clone(),
+        inputs: Arc::new(IntentInputs::new("foundationdb")?),
+    });
+    let raw = Arc::new(RawCommits {
+        engine: store.engine().clone(),
+    });
+    Ok(StoreTarget {
+        backend: "foundationdb".into(),
+        notes: vec![
+            format!("cluster: {cluster_shown}"),
+            format!("key prefix: {prefix:?} (left in place after the run)"),
+            "durability: the cluster's (its storage engine and replication; the bench does not configure them)".into(),
+        ],
+        intents,
+        baseline: Some(Baseline {
+            name: "raw FoundationDB commits".into(),
+            description: format!(
+                "two Engine::run transactions per operation, each setting one {RAW_VALUE_BYTES}-byte value, same cluster"
+            ),
+            workload: raw,
+        }),
+        references: None,
+        keep_alive: vec![Box::new(store)],
+    })
+}
