@@ -38,8 +38,10 @@ pub const RETRY_AFTER_S_MAX: u64 = 30;
 /// [`RETRY_QUOTA_TOKENS_MAX`] tokens; a retry after an error costs
 /// [`RETRY_COST_TOKENS`] (after a timeout [`RETRY_TIMEOUT_COST_TOKENS`]); a
 /// success gives back what its own retries cost, or [`SUCCESS_REFUND_TOKENS`]
-/// when it needed none. With the quota empty a failure is final, so an
-/// overloaded server sees the client's retries dry up instead of multiply.
+/// when it needed none. With the quota empty a retry waits the longest
+/// backoff first (the SDKs fail it; a Fulfilment service would queue the
+/// intent for later rather than lose a parcel), so an overloaded server sees
+/// the client's retries slow down instead of multiply.
 pub const RETRY_QUOTA_TOKENS_MAX: u64 = 500;
 pub const RETRY_COST_TOKENS: u64 = 5;
 pub const RETRY_TIMEOUT_COST_TOKENS: u64 = 10;
@@ -63,7 +65,7 @@ impl Default for RetryQuota {
 
 impl RetryQuota {
     /// Takes the cost of one retry after `answer`; `None` when the quota
-    /// cannot pay it (the failure is then final).
+    /// cannot pay it (the retry is then deferred).
     pub fn take(&self, answer: &Answer) -> Option<u64> {
         let cost = match answer {
             Answer::Timeout => RETRY_TIMEOUT_COST_TOKENS,
@@ -85,7 +87,7 @@ impl RetryQuota {
         *tokens = (*tokens + refund).min(RETRY_QUOTA_TOKENS_MAX);
     }
 
-    /// Retries the quota refused so far.
+    /// Retries the quota could not pay for (deferred) so far.
     pub fn refused(&self) -> u64 {
         self.refused.load(Ordering::Relaxed)
     }
@@ -534,16 +536,9 @@ impl IntentCopy {
                     if attempt == self.settings.attempts_max {
                         break;
                     }
-                    match self.pause_before_retry(&retryable, attempt, retry_after) {
-                        Some((pause, cost)) => {
-                            quota_spent += cost;
-                            tokio::time::sleep(pause).await;
-                        }
-                        None => {
-                            result.failure = Some("retry_quota_empty".into());
-                            return result;
-                        }
-                    }
+                    let (pause, cost) = self.pause_before_retry(&retryable, attempt, retry_after);
+                    quota_spent += cost;
+                    tokio::time::sleep(pause).await;
                 }
                 // 422 and every other definitive error: never retried.
                 other => {
@@ -557,20 +552,20 @@ impl IntentCopy {
     }
 
     /// How long to wait before retrying after `answer`, and the quota it
-    /// cost; `None` when the polite client's quota is empty.
-    fn pause_before_retry(
-        &self,
-        answer: &Answer,
-        attempt: u32,
-        retry_after: Option<Duration>,
-    ) -> Option<(Duration, u64)> {
+    /// cost. With the polite client's quota empty the retry is deferred,
+    /// not dropped: it waits the longest backoff (and `Retry-After`), as a
+    /// Fulfilment service would put the intent back on its queue for later
+    /// instead of losing a parcel, so an overloaded server sees at most one
+    /// retry per intent per backoff cap.
+    fn pause_before_retry(&self, answer: &Answer, attempt: u32, retry_after: Option<Duration>) -> (Duration, u64) {
         let jittered = backoff(&self.settings, attempt);
+        let retry_after = retry_after.unwrap_or_default();
         match self.settings.profile {
-            ClientProfile::Aggressive => Some((jittered, 0)),
-            ClientProfile::Polite => {
-                let cost = self.quota.take(answer)?;
-                Some((retry_after.unwrap_or_default() + jittered, cost))
-            }
+            ClientProfile::Aggressive => (jittered, 0),
+            ClientProfile::Polite => match self.quota.take(answer) {
+                Some(cost) => (retry_after + jittered, cost),
+                None => (retry_after + self.settings.backoff_cap + jittered, 0),
+            },
         }
     }
 

@@ -138,8 +138,7 @@ pub struct HttpReport {
     pub open_loop: Option<RunSummary>,
     pub ramp: Option<RampReport>,
     pub overload: Option<OverloadReport>,
-    /// Retries the polite client's quota refused (the intent's copy then
-    /// ended without a label).
+    /// Retries the polite client's empty quota deferred to the longest backoff.
     pub retries_refused_by_quota: u64,
     /// Every attempt's answer by kind, warm-up included.
     pub attempts: BTreeMap<String, u64>,
@@ -251,7 +250,7 @@ impl HttpReport {
         text.push_str(&format!("attempts: {}\n", attempts.join(" ")));
         if self.retries_refused_by_quota > 0 {
             text.push_str(&format!(
-                "retries refused by the client's retry quota: {}\n",
+                "retries deferred by the client's empty retry quota: {}\n",
                 self.retries_refused_by_quota
             ));
         }
