@@ -4,14 +4,16 @@
 
 use crate::error::{Attempt, CompleteWithError, EffectError, effect_attempt};
 use crate::row::Slot;
-use crate::store::{PostgresStore, lock_record, write_step};
+use crate::row::{RecordColumns, guard_of, record_from_row, time_column};
+use crate::store::{PostgresStore, SELECT_FOR_UPDATE, UPDATE_RECORD_OR_FAIL, read_clock};
 use std::future::Future;
 use std::pin::Pin;
 use store_core::machine::{self, CompletionFence, Found, Write};
-use store_core::{HeldLease, SavedResponse, StoreError};
-// deadpool's transaction, so effects can use the connection's statement cache
-// (`prepare_cached`); it dereferences to tokio-postgres's `Transaction`.
-use deadpool_postgres::Transaction;
+use store_core::{HeldLease, Record, SavedResponse, StoreError};
+// A pooled connection inside the open transaction: effects use its statement
+// cache (`prepare_cached`); it dereferences to tokio-postgres's `Client`.
+use deadpool_postgres::Client;
+use tokio_postgres::types::ToSql;
 
 /// What an effect returns: the response to save under the key, and a value
 /// of its own for the caller. It borrows the transaction it writes through.
@@ -77,7 +79,7 @@ impl PostgresStore {
     pub async fn complete_with<T, F>(&self, lease: &HeldLease, effect: F) -> Result<Completion<T>, CompleteWithError>
     where
         T: Send,
-        F: for<'t, 'c> Fn(&'t Transaction<'c>) -> EffectFuture<'t, T> + Send + Sync,
+        F: for<'t> Fn(&'t Client) -> EffectFuture<'t, T> + Send + Sync,
     {
         self.with_retries(|| self.complete_with_once(lease, &effect)).await
     }
@@ -89,33 +91,125 @@ impl PostgresStore {
     ) -> Result<Completion<T>, Attempt<CompleteWithError>>
     where
         T: Send,
-        F: for<'t, 'c> Fn(&'t Transaction<'c>) -> EffectFuture<'t, T> + Send + Sync,
+        F: for<'t> Fn(&'t Client) -> EffectFuture<'t, T> + Send + Sync,
     {
         let slot = Slot::new(&lease.caller, &lease.key);
-        let mut connection = self.pool.get().await?;
-        let transaction = connection.transaction().await?;
-        let (record, now_ms) = lock_record(&transaction, &slot).await?;
+        let open = OpenTransaction::begin_and_lock(self.pool.get().await?, &slot).await?;
+        let (record, now_ms) = (open.record.clone(), open.now_ms);
         let found = Found::from_record(record.as_ref());
         match machine::completion_fence(found, lease.token, now_ms) {
             CompletionFence::Held => {}
             CompletionFence::CompletedByThisToken(response) => {
                 let response = response.clone();
-                transaction.rollback().await?;
+                open.rollback().await?;
                 return Ok(Completion::AlreadyCompleted { response });
             }
             CompletionFence::Lost => {
-                transaction.rollback().await?;
+                open.rollback().await?;
                 return Ok(Completion::LeaseLost);
             }
         }
-        let (response, value) = effect(&transaction).await.map_err(effect_attempt)?;
+        let (response, value) = match effect(open.client()).await {
+            Ok(done) => done,
+            Err(error) => {
+                open.rollback().await?;
+                return Err(effect_attempt(error));
+            }
+        };
         let step = machine::complete(found, lease.token, response.clone(), now_ms, &self.policy);
-        if !matches!(step.write, Write::Put(_)) {
+        let (Write::Put(completed), Some(previous)) = (&step.write, record.as_ref()) else {
             return Err(Attempt::Fail(machine_disagreed().into()));
-        }
-        write_step(&transaction, &slot, record.as_ref(), &step.write).await?;
-        transaction.commit().await?;
+        };
+        open.complete_and_commit(&slot, previous, completed).await?;
         Ok(Completion::Committed { response, value })
+    }
+}
+
+/// One transaction of `complete_with`, opened on a pooled connection with
+/// `BEGIN` (not tokio-postgres's `Transaction`, so statements can be
+/// pipelined: `BEGIN` with the locking read, the completing `UPDATE` with
+/// `COMMIT`, one round trip each). If it is dropped while still open (an
+/// error, a timeout, a cancelled caller), the connection is taken out of the
+/// pool and closed, which rolls the transaction back on the server: a
+/// connection never goes back to the pool inside a transaction.
+struct OpenTransaction {
+    connection: Option<Client>,
+    record: Option<Record>,
+    now_ms: u64,
+}
+
+impl OpenTransaction {
+    /// `BEGIN` and `SELECT ... FOR UPDATE`, pipelined.
+    async fn begin_and_lock(connection: Client, slot: &Slot) -> Result<Self, Attempt<CompleteWithError>> {
+        let lock = connection.prepare_cached(SELECT_FOR_UPDATE).await?;
+        let mut open = Self {
+            connection: Some(connection),
+            record: None,
+            now_ms: 0,
+        };
+        let client = open.client();
+        let params: [&(dyn ToSql + Sync); 2] = [&slot.caller, &slot.key_digest];
+        let (begun, rows) = tokio::join!(client.batch_execute("BEGIN"), client.query(&lock, &params));
+        begun?;
+        let rows = rows?;
+        match rows.first() {
+            Some(row) => {
+                open.record = Some(record_from_row(row)?);
+                open.now_ms = time_column(row, "now")?;
+            }
+            None => open.now_ms = read_clock(open.client()).await?,
+        }
+        Ok(open)
+    }
+
+    fn client(&self) -> &Client {
+        self.connection
+            .as_ref()
+            .expect("an open transaction holds its connection until it ends")
+    }
+
+    /// Ends the transaction without writing; the connection goes back to the pool.
+    async fn rollback(mut self) -> Result<(), Attempt<CompleteWithError>> {
+        self.client().batch_execute("ROLLBACK").await?;
+        self.connection = None;
+        Ok(())
+    }
+
+    /// The guarded `UPDATE` and `COMMIT`, pipelined. The `UPDATE` raises
+    /// an error (a division by zero) unless it replaced exactly the row it
+    /// locked, so the transaction is aborted and the `COMMIT` that follows
+    /// it in the pipeline rolls back: an effect never commits without its
+    /// completed record.
+    async fn complete_and_commit(
+        mut self,
+        slot: &Slot,
+        previous: &Record,
+        completed: &Record,
+    ) -> Result<(), Attempt<CompleteWithError>> {
+        let client = self.client();
+        let statement = client.prepare_cached(UPDATE_RECORD_OR_FAIL).await?;
+        let columns = RecordColumns::of(completed);
+        let (state, token) = guard_of(previous);
+        let mut params: Vec<&(dyn ToSql + Sync)> = vec![&slot.caller, &slot.key_digest];
+        params.extend(columns.params());
+        params.extend([&state as &(dyn ToSql + Sync), &token]);
+        let (updated, committed) = tokio::join!(client.query_one(&statement, &params), client.batch_execute("COMMIT"));
+        // Checked first: after a failed UPDATE the server answers the COMMIT
+        // with a rollback, which is not an error.
+        updated?;
+        committed?;
+        self.connection = None;
+        Ok(())
+    }
+}
+
+impl Drop for OpenTransaction {
+    fn drop(&mut self) {
+        if let Some(connection) = self.connection.take() {
+            // Still inside the transaction: close the connection instead of
+            // returning it to the pool; the server rolls back.
+            drop(deadpool_postgres::Object::take(connection));
+        }
     }
 }
 

@@ -30,7 +30,7 @@ const SELECT_CLOCK_AND_TOMBSTONE: &str = "SELECT now() AS now, EXISTS (\
      SELECT 1 FROM idempotency_tombstones \
       WHERE caller_id = $1 AND idem_key = $2 AND expires_at > now()) AS tombstoned";
 
-const SELECT_FOR_UPDATE: &str = concat!(
+pub(crate) const SELECT_FOR_UPDATE: &str = concat!(
     "SELECT ",
     record_columns!(),
     ", now() AS now FROM idempotency_keys WHERE caller_id = $1 AND idem_key = $2 FOR UPDATE"
@@ -57,6 +57,16 @@ const UPDATE_RECORD: &str = "UPDATE idempotency_keys SET request_hash = $3, \
      completed_by = $12, created_at = $13, expires_at = $14 \
      WHERE caller_id = $1 AND idem_key = $2 \
        AND state = $15::text::idempotency_state AND lease_token IS NOT DISTINCT FROM $16";
+
+/// [`UPDATE_RECORD`] that fails (division by zero) unless it replaced exactly
+/// one row: pipelined before `COMMIT`, a miss must abort the transaction.
+pub(crate) const UPDATE_RECORD_OR_FAIL: &str = "WITH updated AS (UPDATE idempotency_keys SET request_hash = $3, \
+     state = $4::text::idempotency_state, locked_until = $5, lease_token = $6, recovery_point = $7, \
+     response_status = $8, response_header_names = $9, response_header_values = $10, response_body = $11, \
+     completed_by = $12, created_at = $13, expires_at = $14 \
+     WHERE caller_id = $1 AND idem_key = $2 \
+       AND state = $15::text::idempotency_state AND lease_token IS NOT DISTINCT FROM $16 RETURNING 1) \
+     SELECT 1 / (SELECT count(*)::int FROM updated) AS replaced";
 
 const DELETE_RECORD: &str = "DELETE FROM idempotency_keys WHERE caller_id = $1 AND idem_key = $2 \
        AND state = $3::text::idempotency_state AND lease_token IS NOT DISTINCT FROM $4";
@@ -265,7 +275,7 @@ async fn pause_before_retry(attempt_number: u32) {
     tokio::time::sleep(Duration::from_millis(pause_ms)).await;
 }
 
-async fn read_clock<C, E>(client: &C) -> Result<u64, Attempt<E>>
+pub(crate) async fn read_clock<C, E>(client: &C) -> Result<u64, Attempt<E>>
 where
     C: GenericClient,
     E: From<StoreError>,

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 use store_core::testkit::{TEST_LEASE_MS, claim_request, policy, response, unique_caller};
 use store_core::{ClaimOutcome, ClaimRequest, HeldLease, IdempotencyStore, RecordState, SavedResponse, StoreError};
-use store_postgres::deadpool_postgres::Transaction;
+use store_postgres::deadpool_postgres::Client;
 use store_postgres::testkit::TestDatabase;
 use store_postgres::{
     CompleteWithError, Completion, EffectError, EffectFuture, PostgresStore, TRANSACTION_ATTEMPTS_MAX,
@@ -44,8 +44,8 @@ async fn acquire(store: &PostgresStore, request: &ClaimRequest) -> HeldLease {
 }
 
 /// Inserts the label of parcel 1 of `order_id`, as the server's label route will.
-async fn insert_label(transaction: &Transaction<'_>, label_id: &str, order_id: i64) -> Result<(), EffectError> {
-    transaction
+async fn insert_label(client: &Client, label_id: &str, order_id: i64) -> Result<(), EffectError> {
+    client
         .execute(
             "INSERT INTO labels (label_id, order_id, parcel_no, label_version, tracking_no, created_by_key) \
              VALUES ($1, $2, 1, 1, 'GRD000918273', '\\x00')",
@@ -61,7 +61,7 @@ fn label_effect(
     label_id: &'static str,
     order_id: i64,
     tag: u8,
-) -> impl for<'t, 'c> Fn(&'t Transaction<'c>) -> EffectFuture<'t, &'static str> + Send + Sync {
+) -> impl for<'t> Fn(&'t Client) -> EffectFuture<'t, &'static str> + Send + Sync {
     let calls = calls.clone();
     move |transaction| {
         calls.fetch_add(1, Ordering::SeqCst);
@@ -195,7 +195,7 @@ async fn a_second_label_for_the_same_parcel_is_refused_with_its_sqlstate() {
 fn conflicting_effect(
     calls: &Arc<AtomicU32>,
     failures: u32,
-) -> impl for<'t, 'c> Fn(&'t Transaction<'c>) -> EffectFuture<'t, ()> + Send + Sync {
+) -> impl for<'t> Fn(&'t Client) -> EffectFuture<'t, ()> + Send + Sync {
     let calls = calls.clone();
     move |transaction| {
         let call = calls.fetch_add(1, Ordering::SeqCst);
