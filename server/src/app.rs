@@ -29,7 +29,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
-use store_core::StoreError;
+use store_core::{Policy, StoreError};
 use store_fdb::EmbeddedEngine;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -46,6 +46,8 @@ pub struct AppState {
     pub store_kind: &'static str,
     /// The embedded engine, when one holds records or labels (for its metrics).
     pub embedded: Option<EmbeddedEngine>,
+    /// The idempotency policy in force, which `/openapi.json` publishes.
+    pub policy: Policy,
 }
 
 /// The label route: `POST` creates a label under an idempotency key.
@@ -148,6 +150,7 @@ impl App {
             carrier_retry_after_s: config.carrier.retry_after_s,
             store_kind: config.store.kind.name(),
             embedded: backends.embedded.clone(),
+            policy: config.policy()?,
         };
         let limits = Limits::new(
             config.server.in_flight_max,

@@ -92,6 +92,7 @@ impl Service {
             carrier_retry_after_s: 1,
             store_kind: setup.backend.name(),
             embedded: embedded.as_ref().map(|store| store.engine().clone()),
+            policy: options.policy,
         };
         let callers = Callers::from_config(&[caller(ALICE_ID, ALICE), caller(BOB_ID, BOB)]).expect("callers");
         let limits = Limits::new(
