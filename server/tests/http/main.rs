@@ -14,6 +14,7 @@ mod process;
 mod public_address;
 mod redis_out_of_memory;
 mod routing;
+mod schemathesis;
 mod secrets;
 mod slow_clients;
 
