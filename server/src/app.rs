@@ -30,7 +30,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
-use store_core::StoreError;
+use store_core::{Policy, StoreError};
 use store_fdb::EmbeddedEngine;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -49,6 +49,8 @@ pub struct AppState {
     pub embedded: Option<EmbeddedEngine>,
     /// Cancelled when shutdown begins: readiness fails from then on.
     pub shutting_down: CancellationToken,
+    /// The idempotency policy in force, which `/openapi.json` publishes.
+    pub policy: Policy,
 }
 
 /// The label route: `POST` creates a label under an idempotency key.
@@ -156,6 +158,7 @@ impl App {
             store_kind: config.store.kind.name(),
             embedded: backends.embedded.clone(),
             shutting_down: CancellationToken::new(),
+            policy: config.policy()?,
         };
         let limits = Limits::new(
             config.server.in_flight_max,

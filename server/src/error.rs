@@ -105,7 +105,60 @@ pub struct Problem {
     pub code: String,
 }
 
+/// How many kinds of [`ApiError`] there are: the length of
+/// [`ApiError::samples`].
+pub const API_ERROR_KINDS: usize = 19;
+
 impl ApiError {
+    /// One error of every kind, with the details a typical one has: the
+    /// examples of the OpenAPI document, and the list of every `code`.
+    /// A new kind must be added here; `every_kind_has_a_sample` fails to
+    /// compile until its match names it.
+    pub fn samples() -> [ApiError; API_ERROR_KINDS] {
+        [
+            ApiError::IdempotencyKeyMissing,
+            ApiError::IdempotencyKeyInvalid {
+                reason: "idempotency key is empty".into(),
+            },
+            ApiError::InvalidRequest {
+                detail: "weight_g must be between 1 and 70000".into(),
+            },
+            ApiError::Unauthorized,
+            ApiError::NotFound,
+            ApiError::MethodNotAllowed {
+                method: "DELETE".into(),
+            },
+            ApiError::UnsupportedMediaType {
+                expected: "application/json",
+            },
+            ApiError::PayloadTooLarge { limit_bytes: 65_536 },
+            ApiError::RequestInProgress { retry_after_s: 1 },
+            ApiError::IdempotencyKeyReused,
+            ApiError::DownstreamUnavailable { retry_after_s: 1 },
+            ApiError::DownstreamRejected {
+                carrier_status: 422,
+                detail: "weight exceeds the service's limit".into(),
+            },
+            ApiError::StoreUnavailable { retry_after_s: 1 },
+            ApiError::Overloaded { retry_after_s: 1 },
+            ApiError::RequestTimeout {
+                limit_ms: 30_000,
+                retry_after_s: 1,
+            },
+            ApiError::ShuttingDown { retry_after_s: 1 },
+            ApiError::RecordUnreadable,
+            ApiError::ResponseNotSaved {
+                reason: "the answer is over the saved-response limit".into(),
+            },
+            ApiError::Internal("not sent".into()),
+        ]
+    }
+
+    /// The sample of the kind with this `code`.
+    pub fn sample(code: &str) -> Option<ApiError> {
+        Self::samples().into_iter().find(|error| error.code() == code)
+    }
+
     pub fn status(&self) -> StatusCode {
         match self {
             ApiError::IdempotencyKeyMissing
@@ -285,6 +338,44 @@ mod tests {
         let body = String::from_utf8(error.body_bytes()).unwrap();
         assert!(!body.contains("disk on fire"), "{body}");
         assert!(body.contains("\"code\":\"internal_error\""), "{body}");
+    }
+
+    /// Names every kind: a new one does not compile until it is named
+    /// here, which is the reminder to add it to `ApiError::samples`.
+    fn kind_index(error: &ApiError) -> usize {
+        match error {
+            ApiError::IdempotencyKeyMissing => 0,
+            ApiError::IdempotencyKeyInvalid { .. } => 1,
+            ApiError::InvalidRequest { .. } => 2,
+            ApiError::Unauthorized => 3,
+            ApiError::NotFound => 4,
+            ApiError::MethodNotAllowed { .. } => 5,
+            ApiError::UnsupportedMediaType { .. } => 6,
+            ApiError::PayloadTooLarge { .. } => 7,
+            ApiError::RequestInProgress { .. } => 8,
+            ApiError::IdempotencyKeyReused => 9,
+            ApiError::DownstreamUnavailable { .. } => 10,
+            ApiError::DownstreamRejected { .. } => 11,
+            ApiError::StoreUnavailable { .. } => 12,
+            ApiError::Overloaded { .. } => 13,
+            ApiError::RequestTimeout { .. } => 14,
+            ApiError::Internal(_) => 15,
+            ApiError::ShuttingDown { .. } => 16,
+            ApiError::RecordUnreadable => 17,
+            ApiError::ResponseNotSaved { .. } => 18,
+        }
+    }
+
+    #[test]
+    fn every_kind_has_a_sample() {
+        let samples = ApiError::samples();
+        let mut indexes: Vec<usize> = samples.iter().map(kind_index).collect();
+        indexes.sort_unstable();
+        assert_eq!(indexes, (0..API_ERROR_KINDS).collect::<Vec<_>>());
+        let mut codes: Vec<&str> = samples.iter().map(ApiError::code).collect();
+        codes.sort_unstable();
+        codes.dedup();
+        assert_eq!(codes.len(), API_ERROR_KINDS, "codes are distinct");
     }
 
     #[test]

@@ -8,9 +8,21 @@
 
 use axum::http::HeaderMap;
 use store_core::IdempotencyKey;
+use store_core::types::IDEMPOTENCY_KEY_BYTES_MAX;
 
 /// The header's name, lowercase as HTTP/2 spells it.
 pub const IDEMPOTENCY_KEY_HEADER: &str = "idempotency-key";
+
+/// Everything [`parse_key`] accepts, as an ECMA-262 regular expression for
+/// the OpenAPI document: a bare key (printable ASCII, not starting with `"`,
+/// without spaces at either end, 1 to 255 characters) or an RFC 8941
+/// sf-string whose content, once `\"` and `\\` are unescaped, is 1 to
+/// 255 printable ASCII characters. HTTP strips spaces around a field value
+/// (RFC 9110 section 5.5), so no value the server reads has them.
+pub const KEY_HEADER_PATTERN: &str = r#"^(?:[!#-~](?:[ -~]{0,253}[!-~])?|"(?:[ !#-\[\]-~]|\\["\\]){1,255}")$"#;
+/// Longest header value [`parse_key`] accepts: 255 escaped characters
+/// between quotes.
+pub const KEY_HEADER_BYTES_MAX: usize = 2 + 2 * IDEMPOTENCY_KEY_BYTES_MAX;
 
 /// Why no key could be read from a request.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -98,6 +110,24 @@ mod tests {
         assert!(matches!(key(&"k".repeat(256)), Err(KeyHeaderError::Invalid(_))));
         assert!(matches!(key(""), Err(KeyHeaderError::Invalid(_))));
         assert!(matches!(parse_key(&[0x61, 0xff]), Err(KeyHeaderError::Invalid(_))));
+    }
+
+    #[test]
+    fn the_documented_pattern_and_limits_say_what_the_parser_accepts() {
+        assert!(KEY_HEADER_PATTERN.starts_with('^') && KEY_HEADER_PATTERN.ends_with('$'));
+        let unanchored = &KEY_HEADER_PATTERN[1..KEY_HEADER_PATTERN.len() - 1];
+        let values = proptest::string::string_regex(unanchored).expect("the pattern is a regex");
+        let mut runner = proptest::test_runner::TestRunner::deterministic();
+        runner
+            .run(&values, |value| {
+                proptest::prop_assert!(value.len() <= KEY_HEADER_BYTES_MAX, "{value:?}");
+                proptest::prop_assert!(parse_key(value.as_bytes()).is_ok(), "{value:?}");
+                Ok(())
+            })
+            .unwrap();
+        let longest_quoted = format!("\"{}\"", "\\\\".repeat(IDEMPOTENCY_KEY_BYTES_MAX));
+        assert_eq!(longest_quoted.len(), KEY_HEADER_BYTES_MAX);
+        assert!(parse_key(longest_quoted.as_bytes()).is_ok());
     }
 
     #[test]

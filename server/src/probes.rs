@@ -82,9 +82,9 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
 
 /// This document.
 #[utoipa::path(get, path = "/openapi.json", tag = "operations",
-    responses((status = 200, description = "The OpenAPI 3.1 description of this API.", body = Object, content_type = "application/json")))]
-pub async fn openapi_json() -> Response {
-    Json(crate::openapi::document()).into_response()
+    responses((status = 200, description = "The OpenAPI 3.1 description of this API, with the configured idempotency policy.", body = Object, content_type = "application/json")))]
+pub async fn openapi_json(State(state): State<AppState>) -> Response {
+    Json(crate::openapi::document_for(&state.policy)).into_response()
 }
 
 /// A path that exists, with a method it does not serve. axum adds the

@@ -52,7 +52,7 @@ use store_core::HeldLease;
             body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "`idempotency_key_reused`: same key, different request. Never retry blindly.",
             body = Problem, content_type = "application/problem+json"),
-        (status = 500, description = "`internal_error`, or `record_unreadable` (the key's stored record cannot be decoded; retrying will not help).", body = Problem, content_type = "application/problem+json"),
+        (status = 500, description = "`internal_error`, `record_unreadable` (the key's stored record cannot be decoded; retrying will not help), or `response_not_saved` (the answer could not be saved; saved as this problem, so a retry gets it again and nothing runs twice).", body = Problem, content_type = "application/problem+json"),
         (status = 502, description = "`downstream_rejected`: the carrier refused the label for good (its 422, a business refusal). Saved and replayed.",
             body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "`downstream_unavailable` (the carrier gave no definite or usable answer: a timeout, 5xx, 401, 403, 404, 415, a redirect, a label that does not match the request; the lease was released), `store_unavailable`, `overloaded` or `request_timeout`. Retry with the same key.",

@@ -11,6 +11,7 @@ mod fdb;
 pub mod handlers;
 mod postgres;
 mod split;
+mod whole;
 
 pub use fdb::FdbLabels;
 pub use postgres::{LABELS_MIGRATION, PostgresLabels};
@@ -24,6 +25,18 @@ use utoipa::ToSchema;
 
 /// Heaviest parcel accepted, in grams.
 pub const WEIGHT_G_MAX: u32 = 70_000;
+/// Largest order id accepted: 2^53 - 1, the largest integer every JSON
+/// parser holds exactly (JavaScript's `Number.MAX_SAFE_INTEGER`; RFC 8259
+/// section 6 and RFC 7493 I-JSON). Ids past it would reach a JavaScript
+/// caller rounded, naming another order. Documented as `int64` with this
+/// maximum.
+pub const ORDER_ID_MAX: u64 = (1 << 53) - 1;
+/// Largest parcel number accepted: `i32::MAX`, so the field is a JSON
+/// `int32` as documented, and fits a signed 32-bit column or variable in
+/// any client.
+pub const PARCEL_NO_MAX: u32 = i32::MAX as u32;
+/// Largest label version accepted: `i32::MAX`, for the same reason.
+pub const LABEL_VERSION_MAX: u32 = i32::MAX as u32;
 /// Longest label id accepted from the carrier, in bytes.
 pub const LABEL_ID_BYTES_MAX: usize = 64;
 
@@ -38,18 +51,22 @@ pub enum ShippingService {
 /// The body of `POST /v1/labels`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(example = json!({"order_id": 918273, "parcel_no": 1, "weight_g": 1450, "service": "ground"}))]
 pub struct CreateLabelRequest {
+    /// Your order's id, 1 to 2^53 - 1 (9007199254740991, the largest
+    /// integer every JSON parser holds exactly).
+    #[schema(format = Int64, minimum = 1, maximum = 9007199254740991_u64)]
     pub order_id: u64,
-    /// 1 or more.
-    #[schema(minimum = 1)]
+    /// 1 to 2^31 - 1.
+    #[schema(format = Int32, minimum = 1, maximum = 2147483647)]
     pub parcel_no: u32,
     /// 1 to 70,000 grams.
-    #[schema(minimum = 1, maximum = 70000)]
+    #[schema(format = Int32, minimum = 1, maximum = 70000)]
     pub weight_g: u32,
     pub service: ShippingService,
-    /// 1 or more; a reprint is a new version and a new intent.
+    /// 1 to 2^31 - 1; a reprint is a new version and a new intent.
     #[serde(default = "first_version")]
-    #[schema(minimum = 1, default = 1)]
+    #[schema(format = Int32, minimum = 1, maximum = 2147483647, default = 1)]
     pub label_version: u32,
 }
 
@@ -57,20 +74,57 @@ fn first_version() -> u32 {
     1
 }
 
+/// The body as sent, before its numbers are checked.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CreateLabelWire {
+    order_id: JsonInteger,
+    parcel_no: JsonInteger,
+    weight_g: JsonInteger,
+    service: ShippingService,
+    #[serde(default = "JsonInteger::one")]
+    label_version: JsonInteger,
+}
+
+/// A JSON number that must be a whole number within a field's bounds.
+#[derive(Deserialize)]
+#[serde(transparent)]
+struct JsonInteger(serde_json::Number);
+
+impl JsonInteger {
+    fn one() -> Self {
+        Self(serde_json::Number::from(1_u8))
+    }
+
+    /// The value, if it is whole and from 1 to `max`; else which field and why.
+    fn within(&self, field: &str, max: u64) -> Result<u64, String> {
+        whole::whole_number(&self.0.to_string())
+            .filter(|value| (1..=max).contains(value))
+            .ok_or_else(|| format!("{field} must be a whole number between 1 and {max}, not {}", self.0))
+    }
+}
+
+/// A bound checked against a `u32` maximum fits a `u32`.
+fn narrow(value: u64) -> u32 {
+    u32::try_from(value).unwrap_or(u32::MAX)
+}
+
 impl CreateLabelRequest {
     /// Parses and validates a request body; the error says which field.
+    /// Numbers are read as the document declares them: integers of JSON
+    /// Schema (`1450.0` is 1450) within each field's bounds.
     pub fn parse(body: &[u8]) -> Result<Self, String> {
-        let request: Self = serde_json::from_slice(body).map_err(|error| format!("body: {error}"))?;
-        if request.parcel_no < 1 {
-            return Err("parcel_no must be at least 1".into());
-        }
-        if !(1..=WEIGHT_G_MAX).contains(&request.weight_g) {
-            return Err(format!("weight_g must be between 1 and {WEIGHT_G_MAX}"));
-        }
-        if request.label_version < 1 {
-            return Err("label_version must be at least 1".into());
-        }
-        Ok(request)
+        let wire: CreateLabelWire = serde_json::from_slice(body).map_err(|error| format!("body: {error}"))?;
+        Ok(Self {
+            order_id: wire.order_id.within("order_id", ORDER_ID_MAX)?,
+            parcel_no: narrow(wire.parcel_no.within("parcel_no", u64::from(PARCEL_NO_MAX))?),
+            weight_g: narrow(wire.weight_g.within("weight_g", u64::from(WEIGHT_G_MAX))?),
+            service: wire.service,
+            label_version: narrow(
+                wire.label_version
+                    .within("label_version", u64::from(LABEL_VERSION_MAX))?,
+            ),
+        })
     }
 
     pub fn parcel(&self) -> Parcel {
@@ -90,17 +144,29 @@ pub struct Parcel {
     pub label_version: u32,
 }
 
-/// A shipping label, as the API answers it.
+/// A shipping label, as the API answers it. Its numbers have the bounds of
+/// the request that made it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[schema(example = json!({
+    "label_id": "lbl_2a3da6290314ecdb", "order_id": 918273, "parcel_no": 1, "label_version": 1,
+    "service": "ground", "weight_g": 1450, "tracking_no": "GRD000918273001014374", "cost_cents": 530,
+    "created_at": "2026-11-29T13:31:55.763Z"
+}))]
 pub struct Label {
-    /// The carrier's id of the label.
+    /// The carrier's id of the label, 1 to 64 bytes.
+    #[schema(min_length = 1, max_length = 64)]
     pub label_id: String,
+    #[schema(format = Int64, minimum = 1, maximum = 9007199254740991_u64)]
     pub order_id: u64,
+    #[schema(format = Int32, minimum = 1, maximum = 2147483647)]
     pub parcel_no: u32,
+    #[schema(format = Int32, minimum = 1, maximum = 2147483647)]
     pub label_version: u32,
     pub service: ShippingService,
+    #[schema(format = Int32, minimum = 1, maximum = 70000)]
     pub weight_g: u32,
     pub tracking_no: String,
+    #[schema(format = Int64, minimum = 0)]
     pub cost_cents: u64,
     /// RFC 3339, UTC.
     #[schema(format = DateTime)]
@@ -194,6 +260,19 @@ mod tests {
         let ok = CreateLabelRequest::parse(br#"{"order_id":918273,"parcel_no":1,"weight_g":1450,"service":"ground"}"#)
             .unwrap();
         assert_eq!(ok.label_version, 1);
+        let largest = CreateLabelRequest::parse(
+            br#"{"order_id":9007199254740991,"parcel_no":2147483647,"weight_g":70000,"service":"express","label_version":2147483647}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            (largest.order_id, largest.parcel_no, largest.label_version),
+            (ORDER_ID_MAX, PARCEL_NO_MAX, LABEL_VERSION_MAX)
+        );
+        let written_otherwise = CreateLabelRequest::parse(
+            br#"{"order_id":9.18273e5,"parcel_no":1.0,"weight_g":1450.00,"service":"ground"}"#,
+        )
+        .unwrap();
+        assert_eq!(written_otherwise, ok, "JSON Schema integers, however written");
         for (body, field) in [
             (
                 r#"{"order_id":1,"parcel_no":0,"weight_g":1,"service":"ground"}"#,
@@ -214,7 +293,39 @@ mod tests {
             (r#"{"order_id":1,"parcel_no":1,"weight_g":1,"service":"air"}"#, "air"),
             (
                 r#"{"order_id":-1,"parcel_no":1,"weight_g":1,"service":"ground"}"#,
+                "order_id",
+            ),
+            (
+                r#"{"order_id":0,"parcel_no":1,"weight_g":1,"service":"ground"}"#,
+                "order_id",
+            ),
+            (
+                r#"{"order_id":9007199254740992,"parcel_no":1,"weight_g":1,"service":"ground"}"#,
+                "order_id",
+            ),
+            (
+                r#"{"order_id":1,"parcel_no":2147483648,"weight_g":1,"service":"ground"}"#,
+                "parcel_no",
+            ),
+            (
+                r#"{"order_id":1,"parcel_no":4294967296,"weight_g":1,"service":"ground"}"#,
+                "parcel_no",
+            ),
+            (
+                r#"{"order_id":1,"parcel_no":null,"weight_g":1,"service":"ground"}"#,
                 "body",
+            ),
+            (
+                r#"{"order_id":1,"parcel_no":"1","weight_g":1,"service":"ground"}"#,
+                "body",
+            ),
+            (
+                r#"{"order_id":1,"parcel_no":1,"weight_g":1,"service":"ground","label_version":2147483648}"#,
+                "label_version",
+            ),
+            (
+                r#"{"order_id":1,"parcel_no":1.5,"weight_g":1,"service":"ground"}"#,
+                "parcel_no",
             ),
             (
                 r#"{"order_id":1,"parcel_no":1,"weight_g":1,"service":"ground","x":1}"#,

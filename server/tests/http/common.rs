@@ -358,7 +358,7 @@ pub fn label_body(order_id: u64, parcel_no: u32) -> String {
 
 /// A fresh order id, so tests never share a parcel.
 pub fn order_id() -> u64 {
-    rand::random::<u64>() % 1_000_000_000_000
+    1 + rand::random::<u64>() % 999_999_999_999
 }
 
 /// A fresh idempotency key.

@@ -18,6 +18,7 @@ mod public_address;
 mod redis_out_of_memory;
 mod request_context;
 mod routing;
+mod schemathesis;
 mod secrets;
 mod shutdown;
 mod slow_clients;

@@ -3,8 +3,10 @@
 //! problem response of the API. That replies conform to it is checked on
 //! every reply of the suite (`common::assert_documented`).
 
-use crate::common::{Backend, TestServer, openapi};
+use crate::common::{Backend, Options, TestServer, openapi};
 use std::process::Command;
+use store_core::Policy;
+use store_core::types::{RETENTION_MS_DEFAULT, TOMBSTONE_MS_DEFAULT};
 
 /// The validator: `python3 -m openapi_spec_validator FILE` (PyPI package
 /// openapi-spec-validator; scripts/test installs it).
@@ -14,7 +16,15 @@ const PYTHON_PROGRAM: &str = "python3";
 async fn the_served_document_is_openapi_3_1_and_passes_the_validator() {
     let server = TestServer::start(Backend::Embedded).await;
     let served = server.get("/openapi.json", None).await.json();
-    assert_eq!(&served, openapi(), "the served document is the generated one");
+    let policy = Policy::new(Options::default().lease_ms, RETENTION_MS_DEFAULT, TOMBSTONE_MS_DEFAULT).unwrap();
+    assert_eq!(
+        served,
+        server::openapi::document_for(&policy),
+        "the served document is the generated one, with the configured policy"
+    );
+    let published = &served["paths"]["/v1/labels"]["post"]["x-idempotency"];
+    assert_eq!(published["lease_ms"], Options::default().lease_ms, "{published}");
+    assert_eq!(published["retention_ms"], RETENTION_MS_DEFAULT, "{published}");
     assert!(
         served["openapi"].as_str().unwrap().starts_with("3.1"),
         "{}",
@@ -61,18 +71,55 @@ fn every_route_header_and_problem_response_is_documented() {
             let response = &operation["responses"][status.to_string()];
             assert!(response.is_object(), "{method} {path} {status}");
             if *status >= 400 {
-                let problem = &response["content"]["application/problem+json"]["schema"]["$ref"];
-                assert_eq!(problem, "#/components/schemas/Problem", "{method} {path} {status}");
+                let problem = &response["content"]["application/problem+json"];
+                let schema = &problem["schema"]["allOf"];
+                assert_eq!(
+                    schema[0]["$ref"], "#/components/schemas/Problem",
+                    "{method} {path} {status}"
+                );
+                assert_eq!(schema[1]["properties"]["status"]["const"], *status, "{method} {path}");
+                let codes = schema[1]["properties"]["code"]["enum"].as_array().unwrap();
+                assert!(!codes.is_empty(), "{method} {path} {status}");
+                for code in codes {
+                    let example = &problem["examples"][code.as_str().unwrap()]["value"];
+                    assert_eq!(&example["code"], code, "{method} {path} {status}");
+                    assert_eq!(example["status"], *status, "{method} {path} {status}");
+                }
+            }
+            for (media_type, content) in response["content"].as_object().unwrap() {
+                assert!(
+                    content["example"].is_object() || content["example"].is_string() || content["examples"].is_object(),
+                    "{method} {path} {status} {media_type}: no example"
+                );
             }
         }
     }
     let create = &document["paths"]["/v1/labels"]["post"];
     let parameters = create["parameters"].as_array().unwrap();
-    assert!(
-        parameters
-            .iter()
-            .any(|p| p["name"] == "Idempotency-Key" && p["in"] == "header" && p["required"] == true)
+    let key = parameters
+        .iter()
+        .find(|p| p["name"] == "Idempotency-Key" && p["in"] == "header" && p["required"] == true)
+        .expect("the key header");
+    assert_eq!(key["schema"]["minLength"], 1);
+    assert_eq!(key["schema"]["maxLength"], 512);
+    assert_eq!(key["schema"]["pattern"], server::key_header::KEY_HEADER_PATTERN);
+    assert_eq!(
+        create["responses"]["201"]["links"]["GetLabel"]["operationId"], "get_label",
+        "the stateful tester follows a created label"
     );
+    let not_allowed = &document["components"]["responses"]["MethodNotAllowed"];
+    assert!(not_allowed["headers"]["Allow"].is_object(), "{not_allowed}");
+    let request = &document["components"]["schemas"]["CreateLabelRequest"];
+    for (field, maximum) in [
+        ("order_id", 9_007_199_254_740_991_u64),
+        ("parcel_no", 2_147_483_647),
+        ("weight_g", 70_000),
+        ("label_version", 2_147_483_647),
+    ] {
+        assert_eq!(request["properties"][field]["minimum"], 1, "{field}");
+        assert_eq!(request["properties"][field]["maximum"], maximum, "{field}");
+    }
+    assert_eq!(request["additionalProperties"], false);
     let created_headers = &create["responses"]["201"]["headers"];
     assert!(created_headers["Location"].is_object() && created_headers["Idempotent-Replayed"].is_object());
     for status in ["409", "503"] {

@@ -16,16 +16,16 @@ use tokio::process::{Child, Command};
 const STARTUP_MS_MAX: u64 = 20_000;
 
 /// A running `server` process, killed when dropped.
-struct Process {
+pub(crate) struct Process {
     child: Child,
-    url: String,
+    pub(crate) url: String,
     log: Arc<Mutex<String>>,
 }
 
 impl Process {
     /// Runs the binary with `args` and `env` in `dir`, and waits for its
     /// "listening on http://..." line.
-    async fn start(args: &[&str], env: &[(&str, String)], dir: &Path) -> Self {
+    pub(crate) async fn start(args: &[&str], env: &[(&str, String)], dir: &Path) -> Self {
         let mut command = Command::new(env!("CARGO_BIN_EXE_server"));
         command
             .args(args)
@@ -64,7 +64,7 @@ impl Process {
         Self { child, url, log }
     }
 
-    fn log(&self) -> String {
+    pub(crate) fn log(&self) -> String {
         self.log.lock().unwrap().clone()
     }
 
@@ -83,7 +83,7 @@ impl Process {
     }
 
     /// SIGTERM, and the exit status.
-    async fn terminate(mut self) -> (std::process::ExitStatus, String) {
+    pub(crate) async fn terminate(mut self) -> (std::process::ExitStatus, String) {
         self.signal("-TERM");
         let status = tokio::time::timeout(Duration::from_secs(20), self.child.wait())
             .await

@@ -154,7 +154,7 @@ pub fn derived_key(order_id: u64, parcel_no: u32) -> String {
 
 /// A fresh order id, so tests never share a parcel.
 pub fn unique_order_id() -> u64 {
-    rand::random::<u64>() % 1_000_000_000_000
+    1 + rand::random::<u64>() % 999_999_999_999
 }
 
 /// The sum of one metric's samples over the label sets that contain all of `labels`.

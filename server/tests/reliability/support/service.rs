@@ -95,6 +95,7 @@ impl Service {
             store_kind: setup.backend.name(),
             embedded: embedded.as_ref().map(|store| store.engine().clone()),
             shutting_down: tokio_util::sync::CancellationToken::new(),
+            policy: options.policy,
         };
         let callers = Callers::from_config(&[caller(ALICE_ID, ALICE), caller(BOB_ID, BOB)]).expect("callers");
         let limits = Limits::new(
