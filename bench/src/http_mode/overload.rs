@@ -92,7 +92,9 @@ pub async fn run_overload(
             index_base: phase_plan.index_base,
             first_second: client.timeline.second_of(started),
             end_second: client.timeline.second_of(Instant::now()),
-            duration: phase,
+            // The first phase's intents include its warm-up's: goodput is
+            // over the time they were offered in.
+            duration: phase + phase_plan.warmup,
         });
     }
     client.log.wait_all_done(client.settings().copy_time_max()).await;
