@@ -287,21 +287,34 @@ async fn sell_label(State(simulator): State<Arc<Simulator>>, headers: HeaderMap,
         Ok(key) => key,
         Err(error) => return carrier_problem(StatusCode::BAD_REQUEST, &error.to_string()),
     };
+    // The claim and the sale run in a task of their own, like a real
+    // carrier's: a caller that hangs up (or is killed) mid-call stops
+    // neither, so no claim is left started without its sale.
+    let work = tokio::spawn(claim_and_sell(simulator.clone(), key, body, step));
+    let mut response = match work.await {
+        Ok(response) => response,
+        Err(error) => carrier_problem(StatusCode::INTERNAL_SERVER_ERROR, &format!("sale failed: {error}")),
+    };
+    if step.fault == SimulatedFault::LostReply && response.status().is_success() {
+        simulator.counters.replies_dropped.fetch_add(1, Ordering::Relaxed);
+        response.extensions_mut().insert(DropReply);
+    }
+    response
+}
+
+/// Claims the key and, when it is this call's, sells.
+async fn claim_and_sell(
+    simulator: Arc<Simulator>,
+    key: store_core::IdempotencyKey,
+    body: Bytes,
+    step: ScriptStep,
+) -> Response {
     let fingerprint = Fingerprint::of_request("POST", CARRIER_LABELS_PATH, &body);
     let claim = ClaimRequest::new(simulator.account.clone(), key.clone(), fingerprint);
-    let mut response = match simulator.store.claim(&claim).await {
+    match simulator.store.claim(&claim).await {
         Ok(ClaimOutcome::Acquired(acquired)) => {
-            // The sale runs in a task of its own, like a real carrier's: a
-            // caller that hangs up mid-sale does not stop it.
-            let simulator = simulator.clone();
-            let sale = tokio::spawn(async move {
-                tokio::time::sleep(Duration::from_millis(step.delay_ms)).await;
-                sell_once(&simulator, &acquired.lease, key.as_str(), &body, step.fault).await
-            });
-            match sale.await {
-                Ok(response) => response,
-                Err(error) => carrier_problem(StatusCode::INTERNAL_SERVER_ERROR, &format!("sale failed: {error}")),
-            }
+            tokio::time::sleep(Duration::from_millis(step.delay_ms)).await;
+            sell_once(&simulator, &acquired.lease, key.as_str(), &body, step.fault).await
         }
         Ok(ClaimOutcome::Replay(saved)) => {
             simulator.counters.deduplicated_repeats.fetch_add(1, Ordering::Relaxed);
@@ -318,12 +331,7 @@ async fn sell_label(State(simulator): State<Arc<Simulator>>, headers: HeaderMap,
         }
         Ok(ClaimOutcome::Mismatch) => carrier_problem(StatusCode::UNPROCESSABLE_ENTITY, "key reused with another body"),
         Err(error) => carrier_problem(StatusCode::SERVICE_UNAVAILABLE, &format!("carrier store: {error}")),
-    };
-    if step.fault == SimulatedFault::LostReply && response.status().is_success() {
-        simulator.counters.replies_dropped.fetch_add(1, Ordering::Relaxed);
-        response.extensions_mut().insert(DropReply);
     }
-    response
 }
 
 /// A claimed call: fail (injected), refuse (bad body) or buy.
