@@ -6,12 +6,13 @@
 //! derived key between the transactions, and commits the label with the
 //! record (transaction 2). An unknown carrier outcome releases the lease.
 
-use super::{CreateLabelRequest, Label, StoredLabel, problem_response};
+use super::{CreateLabelRequest, Label, StoredLabel};
 use crate::app::AppState;
 use crate::auth::Caller;
 use crate::carrier::{CarrierLabel, CarrierLabelRequest, CarrierOutcome, carrier_key};
 use crate::error::{ApiError, Outcome, Problem};
 use crate::failpoints;
+use crate::idempotency::saved::problem_saved;
 use crate::idempotency::{Attempt, now_ms};
 use crate::metrics::LABELS_EXISTING_TOTAL;
 use crate::request_context::TraceContext;
@@ -130,7 +131,7 @@ async fn commit(state: &AppState, attempt: Attempt, stored: StoredLabel) -> Resp
 /// A definitive refusal by the carrier is saved and replayed like a label.
 async fn save_rejection(attempt: Attempt, carrier_status: u16, detail: String) -> Response {
     let error = ApiError::DownstreamRejected { carrier_status, detail };
-    let saved = match problem_response(error.status().as_u16(), error.body_bytes()) {
+    let saved = match problem_saved(&error) {
         Ok(saved) => saved,
         Err(invalid) => {
             let answer = ApiError::Internal(format!("carrier refusal cannot be saved: {invalid}"));

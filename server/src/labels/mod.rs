@@ -17,10 +17,9 @@ pub use fdb::FdbLabels;
 pub use postgres::{LABELS_MIGRATION, PostgresLabels};
 pub use split::SplitLabels;
 
-use crate::error::PROBLEM_JSON;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
-use store_core::{CallerId, Fenced, HeldLease, InvalidInput, SavedResponse, StoreError};
+use store_core::{CallerId, Fenced, HeldLease, SavedResponse, StoreError};
 use utoipa::ToSchema;
 
 /// Heaviest parcel accepted, in grams.
@@ -209,11 +208,6 @@ pub fn label_response(label: &Label) -> Result<SavedResponse, StoreError> {
         ("location".to_owned(), label.location()),
     ];
     Ok(SavedResponse::new(201, headers, body)?)
-}
-
-/// A saved problem answer (for definitive errors saved under the key).
-pub fn problem_response(status: u16, body: Vec<u8>) -> Result<SavedResponse, InvalidInput> {
-    SavedResponse::new(status, vec![("content-type".to_owned(), PROBLEM_JSON.to_owned())], body)
 }
 
 /// Where labels live, next to (or together with) the idempotency records.
