@@ -10,15 +10,16 @@
 //! An attempt dropped unfinished (a handler bug or a panic) releases its
 //! lease in the background, so the key is not stuck until the lease expires.
 
-use super::saved::{problem_saved, response_from_saved, saved_from_parts};
-use super::{FinishPolicy, Idempotency, now_ms};
-use crate::error::{ApiError, Disposition, Outcome, retry_after_seconds};
-use crate::metrics::{COMPLETION_FAILURES_TOTAL, LEASE_LOST_COMPLETIONS_TOTAL, RESPONSES_NOT_SAVED_TOTAL};
+use crate::error::{IdempotencyError, Outcome, retry_after_seconds};
+use crate::idempotency::{Idempotency, now_ms};
+use crate::metrics::MetricNames;
+use crate::policy::{Disposition, FinishPolicy};
+use crate::saved::{response_from_saved, saved_from_parts};
 use axum::body::Body;
 use axum::extract::FromRequestParts;
 use axum::http::StatusCode;
 use axum::http::request::Parts;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use std::future::Future;
 use std::sync::{Arc, Mutex};
@@ -38,7 +39,7 @@ pub struct Attempt {
 }
 
 impl Attempt {
-    pub(super) fn new(idempotency: Idempotency, acquired: Acquired, fingerprint: Fingerprint) -> Self {
+    pub(crate) fn new(idempotency: Idempotency, acquired: Acquired, fingerprint: Fingerprint) -> Self {
         Self {
             idempotency,
             lease: acquired.lease,
@@ -93,7 +94,7 @@ impl Attempt {
         match self.idempotency.store().abandon(&self.lease).await {
             Ok(Fenced::Applied(())) => answer,
             Ok(Fenced::LeaseLost) => self.answer_lease_lost().await,
-            Err(error) => self.idempotency.store_error(&error).into_response(),
+            Err(error) => self.idempotency.render(self.idempotency.store_error(&error)),
         }
     }
 
@@ -109,7 +110,8 @@ impl Attempt {
     }
 
     /// Finishes the attempt by the route's answer, for routes that only
-    /// wear the layer: saves it, abandons or releases per `policy`.
+    /// wear the layer: saves it, abandons or releases per `policy` (the
+    /// layer calls this when the route left the attempt to it).
     pub async fn finish(self, response: Response, policy: &FinishPolicy) -> Response {
         match policy.disposition(&response) {
             Disposition::Save => self.save(response).await,
@@ -159,26 +161,39 @@ impl Attempt {
     /// Saves and sends a 500 `response_not_saved` in place of an answer
     /// that could not be saved.
     async fn save_not_saved(mut self, reason: String) -> Response {
-        metrics::counter!(RESPONSES_NOT_SAVED_TOTAL).increment(1);
-        let error = ApiError::ResponseNotSaved { reason };
-        let saved = match problem_saved(&error) {
+        MetricNames::count(self.idempotency.metric_names().responses_not_saved_total());
+        let error = IdempotencyError::ResponseNotSaved { reason };
+        let outcome = Outcome(error.outcome());
+        let saved = match self.rendered_saved(error).await {
             Ok(saved) => saved,
-            // A problem body is small and its headers fixed; should it
+            // A rendered problem is small and its headers few; should it
             // still be refused, the lease runs out instead of being freed.
             Err(invalid) => {
                 self.finished = true;
-                return ApiError::Internal(format!("response_not_saved cannot be saved: {invalid}")).into_response();
+                let internal = IdempotencyError::Internal(format!("response_not_saved cannot be saved: {invalid}"));
+                return self.idempotency.render(internal);
             }
         };
         let store = self.idempotency.store().clone();
         match self.commit(|lease| complete_resending(store, lease, saved)).await {
             Ok(saved) => {
                 let mut response = response_from_saved(&saved, false);
-                response.extensions_mut().insert(Outcome(error.outcome()));
+                response.extensions_mut().insert(outcome);
                 response
             }
             Err(answer) => answer,
         }
+    }
+
+    /// `error` rendered the application's way, as a saved response.
+    async fn rendered_saved(&self, error: IdempotencyError) -> Result<SavedResponse, String> {
+        let (parts, body) = self.idempotency.render(error).into_parts();
+        let bytes = Limited::new(body, RESPONSE_BODY_BYTES_MAX)
+            .collect()
+            .await
+            .map_err(|error| format!("the rendered problem could not be read: {error}"))?
+            .to_bytes();
+        saved_from_parts(parts.status, &parts.headers, bytes.to_vec()).map_err(|error| error.to_string())
     }
 
     /// Runs a fenced commit; on anything but success, the answer to send.
@@ -200,7 +215,7 @@ impl Attempt {
     /// Never a second effect: the fenced commit wrote nothing.
     async fn answer_lease_lost(&self) -> Response {
         let lease = &self.lease;
-        metrics::counter!(LEASE_LOST_COMPLETIONS_TOTAL).increment(1);
+        MetricNames::count(self.idempotency.metric_names().lease_lost_completions_total());
         tracing::warn!(caller = %lease.caller, key_sha256 = %lease.key.digest(), "lease lost at completion");
         let record = self.idempotency.store().inspect(&lease.caller, &lease.key).await;
         let now = now_ms();
@@ -208,13 +223,16 @@ impl Attempt {
             Ok(Some(record)) if record.fingerprint == self.fingerprint && !record.is_expired(now) => {
                 match &record.state {
                     RecordState::Completed { response, .. } => response_from_saved(response, true),
-                    RecordState::Started { lease, .. } => ApiError::RequestInProgress {
-                        retry_after_s: retry_after_seconds(lease.locked_until_ms.saturating_sub(now)),
+                    RecordState::Started { lease, .. } => {
+                        self.idempotency.render(IdempotencyError::RequestInProgress {
+                            retry_after_s: retry_after_seconds(lease.locked_until_ms.saturating_sub(now)),
+                        })
                     }
-                    .into_response(),
                 }
             }
-            _ => ApiError::RequestInProgress { retry_after_s: 1 }.into_response(),
+            _ => self
+                .idempotency
+                .render(IdempotencyError::RequestInProgress { retry_after_s: 1 }),
         };
         response.extensions_mut().insert(Outcome("lease_lost"));
         response
@@ -224,12 +242,12 @@ impl Attempt {
     /// (a fenced write, safe either way) so a retry can take over, and tell
     /// the caller to retry with the same key.
     async fn answer_completion_failure(&self, error: StoreError) -> Response {
-        metrics::counter!(COMPLETION_FAILURES_TOTAL).increment(1);
+        MetricNames::count(self.idempotency.metric_names().completion_failures_total());
         tracing::error!(%error, caller = %self.lease.caller, "could not complete an attempt");
         if let Err(release_error) = self.idempotency.store().release(&self.lease).await {
             tracing::warn!(error = %release_error, "could not release after a failed completion");
         }
-        self.idempotency.store_error(&error).into_response()
+        self.idempotency.render(self.idempotency.store_error(&error))
     }
 }
 
@@ -290,11 +308,15 @@ impl Drop for Attempt {
     }
 }
 
-/// The attempt a route may take out of the request's extensions.
+/// The attempt a route may take out of the request's extensions: the layer
+/// puts one there before it runs the route. Take it with the [`Attempt`]
+/// extractor (or [`PendingAttempt::take`]) and finish it yourself, or leave
+/// it and the layer finishes it by the route's answer.
 #[derive(Clone)]
 pub struct PendingAttempt(Arc<Mutex<Option<Attempt>>>);
 
 impl PendingAttempt {
+    /// Wraps an attempt for the request's extensions.
     pub fn new(attempt: Attempt) -> Self {
         Self(Arc::new(Mutex::new(Some(attempt))))
     }
@@ -306,9 +328,11 @@ impl PendingAttempt {
 }
 
 /// The handler-level API as an extractor: the route must wear the
-/// [`super::IdempotencyLayer`], and takes over finishing the attempt.
+/// [`crate::IdempotencyLayer`], and takes over finishing the attempt. On a
+/// route without the layer the rejection is a 500 `internal_error`
+/// (rendered with [`crate::ProblemJson`]: no configuration is at hand there).
 impl<S: Send + Sync> FromRequestParts<S> for Attempt {
-    type Rejection = ApiError;
+    type Rejection = IdempotencyError;
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
         parts
@@ -316,7 +340,7 @@ impl<S: Send + Sync> FromRequestParts<S> for Attempt {
             .get::<PendingAttempt>()
             .and_then(PendingAttempt::take)
             .ok_or_else(|| {
-                ApiError::Internal("no idempotency attempt: the route does not wear IdempotencyLayer".into())
+                IdempotencyError::Internal("no idempotency attempt: the route does not wear IdempotencyLayer".into())
             })
     }
 }

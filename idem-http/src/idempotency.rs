@@ -1,30 +1,16 @@
-//! Idempotency for HTTP routes.
-//!
-//! - [`IdempotencyLayer`] (module `layer`): a tower layer any axum route can
-//!   wear. It reads the key and a bounded body, claims the key, and either
-//!   answers (replay, 409, 422) or runs the route with an [`Attempt`] in the
-//!   request's extensions. If the route leaves the attempt there, the layer
-//!   saves, abandons or releases by the route's answer ([`crate::error::Disposition`]).
-//! - [`Attempt`] (module `attempt`): the handler-level API. A handler that
-//!   must commit its effect with the key (the label route) takes the attempt
-//!   as an extractor and finishes it itself with [`Attempt::complete_with`].
-//!
-//! The route runs in a task of its own, so a client that hangs up, or a
-//! request timeout, never cuts an attempt off between its effect and its
-//! record: the work finishes and the next retry is answered from the key.
+//! [`Idempotency`]: what the layer and the handler-level API share (the
+//! store, the tracker of attempts in flight, the application's hooks), and
+//! the claim: transaction 1 of docs/design.md#two-transactions, re-sent
+//! with the same token when its reply may have been lost.
 
-mod attempt;
-mod layer;
-mod policy;
-pub mod saved;
-
-pub use attempt::{Attempt, PendingAttempt};
-pub use layer::{IdempotencyLayer, IdempotencyService};
-pub use policy::FinishPolicy;
-
-use crate::error::{ApiError, retry_after_seconds};
-use crate::metrics::{CLAIM_RESENDS_TOTAL, LATE_KEYS_TOTAL, LEASE_TAKEOVERS_TOTAL};
+use crate::Attempt;
+use crate::caller::CallerIdentity;
+use crate::error::{IdempotencyError, ProblemJson, RenderError, retry_after_seconds};
+use crate::metrics::{InvalidMetricPrefix, MetricNames};
+use crate::saved;
+use axum::http::Extensions;
 use axum::response::Response;
+use std::any::Any;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use store_core::{
@@ -46,9 +32,16 @@ pub const ORPHAN_RELEASES_MAX: u32 = 4;
 /// Pause before the first background release; doubled before each next one.
 pub const ORPHAN_RELEASE_BACKOFF_MS: u64 = 100;
 
+/// `Retry-After` of a 503 `store_unavailable` unless the application
+/// chooses another, in seconds.
+pub const STORE_RETRY_AFTER_S_DEFAULT: u64 = 1;
+/// Longest `Retry-After` accepted for store outages, in seconds.
+pub const STORE_RETRY_AFTER_S_MAX: u64 = 3_600;
+
 /// The shared part of the layer and the handler-level API: the store, the
 /// tracker of attempts in flight (shutdown waits for them), and the
-/// `Retry-After` answered during store outages.
+/// application's choices (who the caller is, how errors look, the metric
+/// prefix, the `Retry-After` of store outages). Cheap to clone.
 #[derive(Clone)]
 pub struct Idempotency {
     inner: Arc<Inner>,
@@ -58,6 +51,89 @@ struct Inner {
     store: Arc<dyn IdempotencyStore>,
     tasks: TaskTracker,
     store_retry_after_s: u64,
+    caller_identity: Arc<dyn CallerIdentity>,
+    render: Arc<dyn RenderError>,
+    metric_names: MetricNames,
+    work_guards: Vec<TakeWorkGuard>,
+}
+
+/// Clones one request extension, type-erased, for the task to hold.
+type TakeWorkGuard = fn(&Extensions) -> Option<Box<dyn Any + Send>>;
+
+fn take_work_guard<T: Clone + Send + Sync + 'static>(extensions: &Extensions) -> Option<Box<dyn Any + Send>> {
+    extensions
+        .get::<T>()
+        .cloned()
+        .map(|guard| Box::new(guard) as Box<dyn Any + Send>)
+}
+
+/// Builds an [`Idempotency`]; see [`Idempotency::builder`].
+pub struct IdempotencyBuilder {
+    store: Arc<dyn IdempotencyStore>,
+    caller_identity: Arc<dyn CallerIdentity>,
+    tasks: TaskTracker,
+    store_retry_after_s: u64,
+    render: Arc<dyn RenderError>,
+    metric_names: MetricNames,
+    work_guards: Vec<TakeWorkGuard>,
+}
+
+impl IdempotencyBuilder {
+    /// The tracker the middleware spawns each attempt's task on. Give it
+    /// the one your shutdown waits on (`close()` then `wait()`), so work
+    /// that outlived its client still finishes and saves its answer. The
+    /// default is a tracker of its own, reachable with [`Idempotency::tasks`].
+    pub fn tasks(mut self, tasks: TaskTracker) -> Self {
+        self.tasks = tasks;
+        self
+    }
+
+    /// `Retry-After` of a 503 `store_unavailable`, and the most a 409
+    /// `request_in_progress` advises; clamped to 1..=[`STORE_RETRY_AFTER_S_MAX`].
+    pub fn store_retry_after_s(mut self, seconds: u64) -> Self {
+        self.store_retry_after_s = seconds.clamp(1, STORE_RETRY_AFTER_S_MAX);
+        self
+    }
+
+    /// How errors are rendered, in place of [`ProblemJson`].
+    pub fn render_errors_with(mut self, render: impl RenderError) -> Self {
+        self.render = Arc::new(render);
+        self
+    }
+
+    /// The prefix of every metric name, in place of
+    /// [`crate::metrics::METRIC_PREFIX_DEFAULT`].
+    pub fn metric_prefix(mut self, prefix: &str) -> Result<Self, InvalidMetricPrefix> {
+        self.metric_names = MetricNames::with_prefix(prefix)?;
+        Ok(self)
+    }
+
+    /// The request extension of type `T`, when present, is cloned and held
+    /// by the attempt's task until the claim, the route and the saving of
+    /// its answer are done: even when the client hung up or its request
+    /// timed out. This is the hook for a slot under a cap on work in
+    /// flight (a semaphore permit in an `Arc`): put the slot in the
+    /// request's extensions in a middleware outside the layer, and work
+    /// that outlives its request keeps counting against the cap.
+    pub fn hold_during_work<T: Clone + Send + Sync + 'static>(mut self) -> Self {
+        self.work_guards.push(take_work_guard::<T>);
+        self
+    }
+
+    /// The configured [`Idempotency`].
+    pub fn build(self) -> Idempotency {
+        Idempotency {
+            inner: Arc::new(Inner {
+                store: self.store,
+                tasks: self.tasks,
+                store_retry_after_s: self.store_retry_after_s,
+                caller_identity: self.caller_identity,
+                render: self.render,
+                metric_names: self.metric_names,
+                work_guards: self.work_guards,
+            }),
+        }
+    }
 }
 
 /// What claiming a key gave.
@@ -69,16 +145,43 @@ pub enum Begun {
 }
 
 impl Idempotency {
-    pub fn new(store: Arc<dyn IdempotencyStore>, tasks: TaskTracker, store_retry_after_s: u64) -> Self {
+    /// Starts the configuration of the middleware over `store`, with the
+    /// application's way of naming a request's caller. Every other
+    /// setting has a default.
+    pub fn builder(store: Arc<dyn IdempotencyStore>, caller_identity: impl CallerIdentity) -> IdempotencyBuilder {
+        IdempotencyBuilder {
+            store,
+            caller_identity: Arc::new(caller_identity),
+            tasks: TaskTracker::new(),
+            store_retry_after_s: STORE_RETRY_AFTER_S_DEFAULT,
+            render: Arc::new(ProblemJson),
+            metric_names: MetricNames::default(),
+            work_guards: Vec::new(),
+        }
+    }
+
+    /// The same configuration over another store handle: how a route gets
+    /// its own lease and retention. Stores take their `store_core::Policy`
+    /// when opened, so open a second handle on the same database with the
+    /// route's policy (the embedded store: `FdbStore::new(engine.clone(),
+    /// prefix, policy)`, which shares the engine) and give the route's
+    /// layer the `Idempotency` this returns.
+    pub fn with_store(&self, store: Arc<dyn IdempotencyStore>) -> Self {
+        let inner = &self.inner;
         Self {
             inner: Arc::new(Inner {
                 store,
-                tasks,
-                store_retry_after_s,
+                tasks: inner.tasks.clone(),
+                store_retry_after_s: inner.store_retry_after_s,
+                caller_identity: inner.caller_identity.clone(),
+                render: inner.render.clone(),
+                metric_names: inner.metric_names.clone(),
+                work_guards: inner.work_guards.clone(),
             }),
         }
     }
 
+    /// The store records are kept in.
     pub fn store(&self) -> &Arc<dyn IdempotencyStore> {
         &self.inner.store
     }
@@ -88,23 +191,47 @@ impl Idempotency {
         &self.inner.tasks
     }
 
+    /// The names of the middleware's counters.
+    pub fn metric_names(&self) -> &MetricNames {
+        &self.inner.metric_names
+    }
+
+    /// The caller of a request, as the application names it.
+    pub(crate) fn caller_of(&self, request: &axum::http::request::Parts) -> Option<CallerId> {
+        self.inner.caller_identity.caller(request)
+    }
+
+    /// The guards the application asked the attempt's task to hold.
+    pub(crate) fn work_guards(&self, extensions: &Extensions) -> Vec<Box<dyn Any + Send>> {
+        self.inner
+            .work_guards
+            .iter()
+            .filter_map(|take| take(extensions))
+            .collect()
+    }
+
+    /// The response for `error`, rendered the application's way.
+    pub fn render(&self, error: IdempotencyError) -> Response {
+        self.inner.render.render(error)
+    }
+
     /// Claims (caller, key) for a request with this fingerprint.
     pub async fn begin(
         &self,
         caller: CallerId,
         key: IdempotencyKey,
         fingerprint: Fingerprint,
-    ) -> Result<Begun, ApiError> {
+    ) -> Result<Begun, IdempotencyError> {
         // One token for every send: a re-sent claim is the same attempt.
         let request = ClaimRequest::new(caller, key, fingerprint);
         let outcome = self.claim_resending(&request).await?;
         match outcome {
             ClaimOutcome::Acquired(acquired) => {
                 if acquired.takeover {
-                    metrics::counter!(LEASE_TAKEOVERS_TOTAL).increment(1);
+                    MetricNames::count(self.metric_names().lease_takeovers_total());
                 }
                 if acquired.late_key {
-                    metrics::counter!(LATE_KEYS_TOTAL).increment(1);
+                    MetricNames::count(self.metric_names().late_keys_total());
                     tracing::warn!(
                         caller = %request.caller,
                         key_sha256 = %request.key.digest(),
@@ -114,14 +241,22 @@ impl Idempotency {
                 Ok(Begun::Acquired(Attempt::new(self.clone(), acquired, fingerprint)))
             }
             ClaimOutcome::Replay(saved) => Ok(Begun::Replay(saved::response_from_saved(&saved, true))),
-            // "Wait briefly" (the specification's status table): the first
-            // attempt usually ends in milliseconds, and the lease's end is
-            // only the bound for an attempt that died, so the advice is the
-            // lease's remaining time capped at server.retry_after_s.
-            ClaimOutcome::InProgress { retry_after_ms } => Err(ApiError::RequestInProgress {
-                retry_after_s: retry_after_seconds(retry_after_ms).min(self.inner.store_retry_after_s),
-            }),
-            ClaimOutcome::Mismatch => Err(ApiError::IdempotencyKeyReused),
+            ClaimOutcome::InProgress { retry_after_ms } => Err(self.in_progress(retry_after_ms)),
+            ClaimOutcome::Mismatch => Err(IdempotencyError::KeyReused),
+        }
+    }
+
+    /// The answer while another attempt holds the lease: 409 now. The one
+    /// place that decides it, so a policy of waiting for the other attempt
+    /// (RFC 7240 `Prefer: wait`) fits here.
+    ///
+    /// "Wait briefly" (the specification's status table): the first
+    /// attempt usually ends in milliseconds, and the lease's end is only the
+    /// bound for an attempt that died, so the advice is the lease's
+    /// remaining time capped at the store's `Retry-After`.
+    fn in_progress(&self, retry_after_ms: u64) -> IdempotencyError {
+        IdempotencyError::RequestInProgress {
+            retry_after_s: retry_after_seconds(retry_after_ms).min(self.inner.store_retry_after_s),
         }
     }
 
@@ -129,7 +264,7 @@ impl Idempotency {
     /// may hide a commit, up to [`CLAIM_SENDS_MAX`] times. If every reply
     /// was lost, a lease may be live that no attempt holds (every retry
     /// would get 409 until it ran out): it is released in the background.
-    async fn claim_resending(&self, request: &ClaimRequest) -> Result<ClaimOutcome, ApiError> {
+    async fn claim_resending(&self, request: &ClaimRequest) -> Result<ClaimOutcome, IdempotencyError> {
         let mut send = 1;
         loop {
             let error = match self.store().claim(request).await {
@@ -145,7 +280,7 @@ impl Idempotency {
                 self.release_orphan_in_background(request);
                 return Err(self.store_error(&error));
             }
-            metrics::counter!(CLAIM_RESENDS_TOTAL).increment(1);
+            MetricNames::count(self.metric_names().claim_resends_total());
             tokio::time::sleep(Duration::from_millis(CLAIM_RESEND_BACKOFF_MS * u64::from(send))).await;
             send += 1;
         }
@@ -179,25 +314,26 @@ impl Idempotency {
         });
     }
 
-    /// The API error for a store failure: 503 with `Retry-After` when a
-    /// retry may succeed (an outage is never a 500), 500 `record_unreadable`
-    /// for a record no codec reads, else an internal error.
-    pub fn store_error(&self, error: &StoreError) -> ApiError {
+    /// The error for a store failure: 503 with `Retry-After` when a retry
+    /// may succeed (an outage is never a 500), 500 `record_unreadable` for
+    /// a record no codec reads, else an internal error. Handlers use it for
+    /// their own store calls too, so every outage answers alike.
+    pub fn store_error(&self, error: &StoreError) -> IdempotencyError {
         match error {
-            _ if error.is_retryable() => ApiError::StoreUnavailable {
+            _ if error.is_retryable() => IdempotencyError::StoreUnavailable {
                 retry_after_s: self.inner.store_retry_after_s,
             },
             StoreError::Corrupt(codec) => {
                 tracing::error!(error = %codec, "a stored record is unreadable");
-                ApiError::RecordUnreadable
+                IdempotencyError::RecordUnreadable
             }
-            _ => ApiError::Internal(format!("store: {error}")),
+            _ => IdempotencyError::Internal(format!("store: {error}")),
         }
     }
 }
 
 /// Milliseconds since the Unix epoch by this process's clock.
-pub fn now_ms() -> u64 {
+pub(crate) fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|elapsed| elapsed.as_millis() as u64)

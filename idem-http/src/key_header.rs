@@ -27,10 +27,21 @@ pub const KEY_HEADER_BYTES_MAX: usize = 2 + 2 * IDEMPOTENCY_KEY_BYTES_MAX;
 /// Why no key could be read from a request.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum KeyHeaderError {
+    /// The request has no `Idempotency-Key` header.
     #[error("the Idempotency-Key header is missing")]
     Missing,
+    /// The header is there but names no valid key; the string says why.
     #[error("{0}")]
     Invalid(String),
+}
+
+impl From<KeyHeaderError> for crate::IdempotencyError {
+    fn from(error: KeyHeaderError) -> Self {
+        match error {
+            KeyHeaderError::Missing => crate::IdempotencyError::KeyMissing,
+            KeyHeaderError::Invalid(reason) => crate::IdempotencyError::KeyInvalid { reason },
+        }
+    }
 }
 
 /// Reads the one `Idempotency-Key` header of a request.

@@ -2,7 +2,8 @@
 //!
 //! The layer holds only its configuration and the shared [`Idempotency`];
 //! the [`IdempotencyService`] wraps the route. Per request it:
-//! 1. takes the authenticated caller (the auth middleware must run first),
+//! 1. asks the application who the caller is ([`crate::CallerIdentity`]:
+//!    the application's authentication runs outside the layer),
 //! 2. reads the `Idempotency-Key` header (400 missing / invalid),
 //! 3. reads the body up to the limit (413),
 //! 4. fingerprints method, path and body, and claims the key: replay,
@@ -20,17 +21,20 @@
 //! attempt that holds it (a claim cut off there would leave a lease no one
 //! holds, answering 409 to every retry until it ran out). Steps 1 to 3 stay
 //! in the request's future, bounded by its budget: a client trickling its
-//! body holds nothing once the budget runs out.
+//! body holds nothing once the budget runs out. The task holds the request
+//! extensions the application named with
+//! [`crate::IdempotencyBuilder::hold_during_work`] (a slot under its cap on
+//! work in flight) until it ends.
 
-use super::{Attempt, Begun, FinishPolicy, Idempotency, PendingAttempt};
-use crate::auth::Caller;
-use crate::error::ApiError;
-use crate::key_header::{KeyHeaderError, idempotency_key};
-use crate::limits::InFlightSlot;
+use crate::attempt::{Attempt, PendingAttempt};
+use crate::error::IdempotencyError;
+use crate::idempotency::{Begun, Idempotency};
+use crate::key_header::idempotency_key;
+use crate::policy::FinishPolicy;
 use axum::body::Body;
 use axum::extract::Request;
 use axum::http::{HeaderMap, header};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use futures::future::BoxFuture;
 use http_body_util::BodyExt;
 use std::convert::Infallible;
@@ -40,7 +44,8 @@ use store_core::{CallerId, Fingerprint, IdempotencyKey};
 use tower::{Layer, Service, ServiceExt};
 use tracing::Instrument;
 
-/// Makes every route it wraps idempotent.
+/// Makes every route it wraps idempotent: per route, the body limit and
+/// the [`FinishPolicy`] (which answers are saved).
 #[derive(Clone)]
 pub struct IdempotencyLayer {
     idempotency: Idempotency,
@@ -79,6 +84,7 @@ impl<S> Layer<S> for IdempotencyLayer {
     }
 }
 
+/// The route wrapped by an [`IdempotencyLayer`].
 #[derive(Clone)]
 pub struct IdempotencyService<S> {
     inner: S,
@@ -110,31 +116,36 @@ where
         Box::pin(async move {
             // Steps 1 to 3 in the request's own future: cut off by the
             // request budget or a hang-up, they leave nothing behind.
-            let prepared = match prepare(body_bytes_max, request).await {
+            let prepared = match prepare(&idempotency, body_bytes_max, request).await {
                 Ok(prepared) => prepared,
-                Err(error) => return Ok(error.into_response()),
+                Err(error) => return Ok(idempotency.render(error)),
             };
-            // The task keeps the request's place under the in-flight cap
-            // until its work is done, even after the client hung up.
-            let slot = prepared.request.extensions().get::<InFlightSlot>().cloned();
+            // The task keeps what the application asked it to hold (its
+            // place under a cap on work in flight) until its work is done,
+            // even after the client hung up.
+            let guards = idempotency.work_guards(prepared.request.extensions());
+            let task_idempotency = idempotency.clone();
             // In the request's span, so its log lines carry the request id.
             let task = idempotency.tasks().clone().spawn(
                 async move {
-                    let _slot = slot;
+                    let _guards = guards;
+                    let idempotency = task_idempotency;
                     match claim(&idempotency, prepared).await {
                         Ok(Claimed::Run(claimed)) => {
                             let (attempt, request) = *claimed;
                             run_route(attempt, inner, request, &finish_policy).await
                         }
                         Ok(Claimed::Replay(response)) => response,
-                        Err(error) => error.into_response(),
+                        Err(error) => idempotency.render(error),
                     }
                 }
                 .instrument(tracing::Span::current()),
             );
             Ok(match task.await {
                 Ok(response) => response,
-                Err(error) => ApiError::Internal(format!("the request's task failed: {error}")).into_response(),
+                Err(error) => idempotency.render(IdempotencyError::Internal(format!(
+                    "the request's task failed: {error}"
+                ))),
             })
         })
     }
@@ -156,17 +167,18 @@ enum Claimed {
 }
 
 /// Steps 1 to 3: the caller, the key, the bounded body and the fingerprint.
-async fn prepare(body_bytes_max: usize, request: Request) -> Result<Prepared, ApiError> {
+async fn prepare(
+    idempotency: &Idempotency,
+    body_bytes_max: usize,
+    request: Request,
+) -> Result<Prepared, IdempotencyError> {
     let (parts, body) = request.into_parts();
-    let Some(Caller(caller)) = parts.extensions.get::<Caller>().cloned() else {
-        return Err(ApiError::Internal(
-            "IdempotencyLayer needs an authenticated caller: wrap it in require_caller".into(),
+    let Some(caller) = idempotency.caller_of(&parts) else {
+        return Err(IdempotencyError::Internal(
+            "IdempotencyLayer found no caller: the application's authentication must run before it".into(),
         ));
     };
-    let key = idempotency_key(&parts.headers).map_err(|error| match error {
-        KeyHeaderError::Missing => ApiError::IdempotencyKeyMissing,
-        KeyHeaderError::Invalid(reason) => ApiError::IdempotencyKeyInvalid { reason },
-    })?;
+    let key = idempotency_key(&parts.headers)?;
     let bytes = read_body(&parts.headers, body, body_bytes_max).await?;
     let fingerprint = Fingerprint::of_request(parts.method.as_str(), parts.uri.path(), &bytes);
     Ok(Prepared {
@@ -178,7 +190,7 @@ async fn prepare(body_bytes_max: usize, request: Request) -> Result<Prepared, Ap
 }
 
 /// Step 4: claim the key.
-async fn claim(idempotency: &Idempotency, prepared: Prepared) -> Result<Claimed, ApiError> {
+async fn claim(idempotency: &Idempotency, prepared: Prepared) -> Result<Claimed, IdempotencyError> {
     let Prepared {
         caller,
         key,
@@ -200,8 +212,8 @@ pub const BODY_DRAIN_BYTES_MAX: usize = 1024 * 1024;
 pub const BODY_DRAIN_MS_MAX: u64 = 1_000;
 
 /// Reads the whole body, refusing more than `limit` bytes with 413.
-async fn read_body(headers: &HeaderMap, mut body: Body, limit: usize) -> Result<axum::body::Bytes, ApiError> {
-    let too_large = ApiError::PayloadTooLarge { limit_bytes: limit };
+async fn read_body(headers: &HeaderMap, mut body: Body, limit: usize) -> Result<axum::body::Bytes, IdempotencyError> {
+    let too_large = IdempotencyError::PayloadTooLarge { limit_bytes: limit };
     let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|value| value.to_str().ok())
@@ -214,8 +226,8 @@ async fn read_body(headers: &HeaderMap, mut body: Body, limit: usize) -> Result<
     }
     let mut collected = Vec::new();
     while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(|error| ApiError::InvalidRequest {
-            detail: format!("the request body could not be read: {error}"),
+        let frame = frame.map_err(|error| IdempotencyError::BodyUnreadable {
+            reason: error.to_string(),
         })?;
         let Ok(data) = frame.into_data() else {
             continue;

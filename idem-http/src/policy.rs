@@ -12,12 +12,31 @@
 //!   a fresh one.
 //!
 //! A route may override the policy for one answer by putting a
-//! [`Disposition`] in the response's extensions (every [`crate::error::ApiError`]
-//! does).
+//! [`Disposition`] in the response's extensions (an application's error
+//! type can do it for each of its kinds).
+//!
+//! The lease and the retention are the store's `store_core::Policy`, set
+//! when a store handle is opened; a route with its own gets a handle of its
+//! own ([`crate::Idempotency::with_store`]).
 
-use crate::error::Disposition;
 use axum::http::StatusCode;
 use axum::response::Response;
+
+/// What the layer does with the key once the route answered. Routes that
+/// finish their attempt themselves (the handler-level API) never need this;
+/// routes that only wear the layer may set it on a response to override
+/// the layer's [`FinishPolicy`] for that answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Disposition {
+    /// A definitive answer: save it and replay it to every repeat.
+    Save,
+    /// Nothing happened (validation failed before any effect): delete the
+    /// record, so the key is free for a corrected request.
+    Abandon,
+    /// The outcome is unknown: keep the record, end the lease now, so the
+    /// caller's retry takes over at once.
+    Release,
+}
 
 /// Statuses that release the key by default: the route did nothing final.
 pub const TRANSIENT_STATUSES: [StatusCode; 4] = [

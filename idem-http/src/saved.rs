@@ -5,7 +5,7 @@
 //! its version); hop-by-hop and per-attempt headers (dates, connection
 //! management, Retry-After of a transient error) are not part of the answer.
 
-use crate::error::{ApiError, Outcome, PROBLEM_JSON};
+use crate::error::{Outcome, PROBLEM_JSON};
 use axum::body::Body;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::Response;
@@ -45,12 +45,12 @@ pub fn saved_from_parts(status: StatusCode, headers: &HeaderMap, body: Vec<u8>) 
 }
 
 /// A problem (RFC 9457) as a saved response: its status, its media type
-/// and its body.
-pub fn problem_saved(error: &ApiError) -> Result<SavedResponse, InvalidInput> {
+/// and its body; for a handler that saves a definitive refusal of its own.
+pub fn problem_saved(status: StatusCode, body: Vec<u8>) -> Result<SavedResponse, InvalidInput> {
     SavedResponse::new(
-        error.status().as_u16(),
+        status.as_u16(),
         vec![("content-type".to_owned(), PROBLEM_JSON.to_owned())],
-        error.body_bytes(),
+        body,
     )
 }
 

@@ -11,7 +11,7 @@ use crate::backend::{self, BackendError, Backends};
 use crate::carrier::{CarrierClient, CarrierServer};
 use crate::config::{BODY_BYTES_MAX, Config, ConfigError, DEMO_CALLER_ID, DEMO_TOKEN, StoreKind};
 use crate::connections::{ConnectionLimits, serve_connections};
-use crate::idempotency::{Idempotency, IdempotencyLayer};
+use crate::idempotency::{self, Idempotency, IdempotencyLayer};
 use crate::labels::LabelStore;
 use crate::labels::handlers::{create_label, get_label};
 use crate::limits::{Limits, request_timeout, shed_overload};
@@ -150,7 +150,7 @@ impl App {
             .map_err(StartupError::Carrier)?;
         let tasks = TaskTracker::new();
         let state = AppState {
-            idempotency: Idempotency::new(backends.records.clone(), tasks.clone(), config.server.retry_after_s),
+            idempotency: idempotency::configure(backends.records.clone(), tasks.clone(), config.server.retry_after_s),
             labels: backends.labels.clone(),
             carrier: Arc::new(carrier),
             metrics,

@@ -12,6 +12,7 @@ use axum::http::request::Parts;
 use axum::http::{HeaderMap, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use idem_http::CallerIdentity;
 use sha2::{Digest, Sha256};
 use std::sync::Arc;
 use store_core::CallerId;
@@ -24,6 +25,18 @@ pub const AUTHORIZATION_BYTES_MAX: usize = 4_096;
 /// the response's) extensions by [`require_caller`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Caller(pub CallerId);
+
+/// The caller [`require_caller`] authenticated, as the idempotency layer
+/// asks for it: keys are scoped by this caller. The layer runs inside
+/// `require_caller`, so a request without one never reaches it.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct BearerCaller;
+
+impl CallerIdentity for BearerCaller {
+    fn caller(&self, request: &Parts) -> Option<CallerId> {
+        request.extensions.get::<Caller>().map(|Caller(caller)| caller.clone())
+    }
+}
 
 /// The callers the server accepts.
 #[derive(Clone)]

@@ -7,32 +7,23 @@
 
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use idem_http::IdempotencyError;
 use serde::Serialize;
+use store_core::{InvalidInput, SavedResponse};
 use utoipa::ToSchema;
 
-/// Media type of every error body.
-pub const PROBLEM_JSON: &str = "application/problem+json";
+/// Media type of every error body; `Retry-After` rounding. Both are
+/// idem-http's, so the layer's answers and the API's agree.
+pub use idem_http::{PROBLEM_JSON, retry_after_seconds};
 
 /// How a response should be counted and logged: the `outcome` label of
-/// `idem_http_requests_total`. Set by whoever makes the response.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Outcome(pub &'static str);
+/// `idem_http_requests_total`. Set by whoever makes the response; the
+/// idempotency layer sets it on the answers it makes or finishes.
+pub use idem_http::Outcome;
 
-/// What the idempotency layer does with the key once the route answered.
-/// Routes that finish their attempt themselves (the handler-level API) never
-/// need this; routes that only wear the layer may set it on a response to
-/// override the layer's `FinishPolicy` for that answer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Disposition {
-    /// A definitive answer: save it and replay it to every repeat.
-    Save,
-    /// Nothing happened (validation failed before any effect): delete the
-    /// record, so the key is free for a corrected request.
-    Abandon,
-    /// The outcome is unknown: keep the record, end the lease now, so the
-    /// caller's retry takes over at once.
-    Release,
-}
+/// What the idempotency layer does with the key once the route answered;
+/// every [`ApiError`] carries one.
+pub use idem_http::Disposition;
 
 /// Detail of an error that must be logged but never sent to the client.
 #[derive(Debug, Clone)]
@@ -290,12 +281,34 @@ impl ApiError {
     pub fn body_bytes(&self) -> Vec<u8> {
         serde_json::to_vec(&self.problem()).unwrap_or_else(|_| b"{}".to_vec())
     }
+
+    /// This problem as a saved response, for a handler that saves it as
+    /// its definitive answer.
+    pub fn saved(&self) -> Result<SavedResponse, InvalidInput> {
+        idem_http::saved::problem_saved(self.status(), self.body_bytes())
+    }
 }
 
-/// `Retry-After` in whole seconds, rounded up and at least 1, from a
-/// millisecond duration.
-pub fn retry_after_seconds(retry_after_ms: u64) -> u64 {
-    retry_after_ms.div_ceil(1_000).max(1)
+/// The idempotency layer's errors are API errors of the same `code`,
+/// status and detail: the layer renders them through this, so its answers
+/// are the API's (docs/design.md#status-codes).
+impl From<IdempotencyError> for ApiError {
+    fn from(error: IdempotencyError) -> Self {
+        match error {
+            IdempotencyError::KeyMissing => ApiError::IdempotencyKeyMissing,
+            IdempotencyError::KeyInvalid { reason } => ApiError::IdempotencyKeyInvalid { reason },
+            body_unreadable @ IdempotencyError::BodyUnreadable { .. } => ApiError::InvalidRequest {
+                detail: body_unreadable.to_string(),
+            },
+            IdempotencyError::PayloadTooLarge { limit_bytes } => ApiError::PayloadTooLarge { limit_bytes },
+            IdempotencyError::RequestInProgress { retry_after_s } => ApiError::RequestInProgress { retry_after_s },
+            IdempotencyError::KeyReused => ApiError::IdempotencyKeyReused,
+            IdempotencyError::StoreUnavailable { retry_after_s } => ApiError::StoreUnavailable { retry_after_s },
+            IdempotencyError::RecordUnreadable => ApiError::RecordUnreadable,
+            IdempotencyError::ResponseNotSaved { reason } => ApiError::ResponseNotSaved { reason },
+            IdempotencyError::Internal(detail) => ApiError::Internal(detail),
+        }
+    }
 }
 
 impl IntoResponse for ApiError {
@@ -330,6 +343,36 @@ mod tests {
         assert_eq!(retry_after_seconds(1_000), 1);
         assert_eq!(retry_after_seconds(1_001), 2);
         assert_eq!(retry_after_seconds(29_999), 30);
+    }
+
+    /// The layer's errors answer as the API's own: same status, code,
+    /// outcome label and body, byte for byte, as idem-http's default
+    /// rendering would give them.
+    #[test]
+    fn the_layers_errors_map_to_api_errors_of_the_same_code_and_body() {
+        let errors = [
+            IdempotencyError::KeyMissing,
+            IdempotencyError::KeyInvalid { reason: "x".into() },
+            IdempotencyError::BodyUnreadable { reason: "reset".into() },
+            IdempotencyError::PayloadTooLarge { limit_bytes: 7 },
+            IdempotencyError::RequestInProgress { retry_after_s: 3 },
+            IdempotencyError::KeyReused,
+            IdempotencyError::StoreUnavailable { retry_after_s: 2 },
+            IdempotencyError::RecordUnreadable,
+            IdempotencyError::ResponseNotSaved {
+                reason: "too big".into(),
+            },
+            IdempotencyError::Internal("secret".into()),
+        ];
+        for error in errors {
+            let api = ApiError::from(error.clone());
+            assert_eq!(
+                (api.status(), api.code(), api.outcome(), api.retry_after_s()),
+                (error.status(), error.code(), error.outcome(), error.retry_after_s()),
+                "{error:?}"
+            );
+            assert_eq!(api.body_bytes(), error.problem().to_bytes(), "{error:?}");
+        }
     }
 
     #[test]

@@ -5,7 +5,8 @@
 //!
 //! Map of the crate:
 //! - [`app`]: the router, the app state, starting and stopping.
-//! - [`idempotency`]: the tower layer and the [`idempotency::Attempt`] API.
+//! - [`idempotency`]: the idempotency middleware (the idem-http crate's
+//!   layer and [`idempotency::Attempt`] API), configured for this service.
 //! - [`labels`]: the label route and where labels live, per backend.
 //! - [`carrier`]: the carrier client and simulator.
 //! - [`config`]: the TOML config with environment overrides.
@@ -27,7 +28,6 @@ pub mod error;
 pub mod failpoints;
 pub mod idempotency;
 pub mod instrumented;
-pub mod key_header;
 pub mod labels;
 pub mod limits;
 pub mod media_type;
@@ -42,3 +42,6 @@ pub mod time;
 
 pub use app::{App, AppState, RunningServer, StartupError, router};
 pub use config::Config;
+/// The `Idempotency-Key` header's parser and limits (idem-http's), which
+/// the OpenAPI document publishes.
+pub use idem_http::key_header;

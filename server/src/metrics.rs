@@ -1,10 +1,18 @@
 //! Metric names, their descriptions, and the process-wide Prometheus recorder.
 //!
+//! The idempotency layer's own counters (`idem_lease_takeovers_total`,
+//! `idem_lease_lost_completions_total`, `idem_late_keys_total`,
+//! `idem_completion_failures_total`, `idem_responses_not_saved_total`,
+//! `idem_claim_resends_total`) are named by idem-http under its default
+//! prefix `idem_` ([`idem_http::metrics::MetricNames`]); they are described
+//! and registered at zero here with the rest.
+//!
 //! Names follow Prometheus conventions (`_total` counters, `_seconds`
 //! histograms, base units). Every label has a bounded set of values: routes
 //! are matched patterns (`/v1/labels/{label_id}`), never raw paths; outcomes
 //! and operations are fixed strings; no label carries a caller, a key or an id.
 
+use idem_http::metrics::MetricNames;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use std::sync::OnceLock;
 
@@ -24,12 +32,6 @@ pub const ADMISSION_SHED_TOTAL: &str = "idem_admission_shed_total";
 pub const ADMISSION_QUEUE_WAITING: &str = "idem_admission_queue_waiting";
 /// Store calls, by `backend`, `operation` and `result` (`ok` or `error`).
 pub const STORE_OPERATION_DURATION_SECONDS: &str = "idem_store_operation_duration_seconds";
-/// Claims that took over an expired or released lease.
-pub const LEASE_TAKEOVERS_TOTAL: &str = "idem_lease_takeovers_total";
-/// Completions refused because another attempt had taken the key over.
-pub const LEASE_LOST_COMPLETIONS_TOTAL: &str = "idem_lease_lost_completions_total";
-/// Requests whose key had been purged: each is a possible duplicate.
-pub const LATE_KEYS_TOTAL: &str = "idem_late_keys_total";
 /// Records deleted by the sweeper.
 pub const RECORDS_PURGED_TOTAL: &str = "idem_records_purged_total";
 /// Tombstones deleted by the sweeper.
@@ -45,14 +47,6 @@ pub const CARRIER_CALL_DURATION_SECONDS: &str = "idem_carrier_call_duration_seco
 /// Label requests answered with a label the parcel already had (the
 /// uniqueness constraint as the second line of defence).
 pub const LABELS_EXISTING_TOTAL: &str = "idem_labels_existing_total";
-/// Attempts whose outcome could not be recorded (store failure after the work).
-pub const COMPLETION_FAILURES_TOTAL: &str = "idem_completion_failures_total";
-/// Route answers that could not be saved and were replaced by a saved 500
-/// `response_not_saved` (the idempotency layer).
-pub const RESPONSES_NOT_SAVED_TOTAL: &str = "idem_responses_not_saved_total";
-/// Claims sent again with the same token after an error that may hide a
-/// commit (the idempotency layer).
-pub const CLAIM_RESENDS_TOTAL: &str = "idem_claim_resends_total";
 /// Undecodable records the purge set aside instead of stopping at them
 /// (the FDB-style store); each is logged once with its key's SHA-256.
 pub const RECORDS_QUARANTINED_TOTAL: &str = "idem_records_quarantined_total";
@@ -86,6 +80,7 @@ pub fn prometheus_handle() -> Result<PrometheusHandle, String> {
 
 fn describe() {
     use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
+    MetricNames::default().describe();
     describe_counter!(
         HTTP_REQUESTS_TOTAL,
         "Requests answered, by route, method, status and outcome."
@@ -110,18 +105,6 @@ fn describe() {
         Unit::Seconds,
         "Duration of store calls, by backend, operation and result."
     );
-    describe_counter!(
-        LEASE_TAKEOVERS_TOTAL,
-        "Claims that took over an expired or released lease."
-    );
-    describe_counter!(
-        LEASE_LOST_COMPLETIONS_TOTAL,
-        "Completions refused because another attempt took the key over."
-    );
-    describe_counter!(
-        LATE_KEYS_TOTAL,
-        "Requests whose key had already been purged (possible duplicates)."
-    );
     describe_counter!(RECORDS_PURGED_TOTAL, "Expired records deleted by the sweeper.");
     describe_counter!(TOMBSTONES_PURGED_TOTAL, "Expired tombstones deleted by the sweeper.");
     describe_counter!(SWEEPER_RUNS_TOTAL, "Sweeper runs, by result.");
@@ -139,18 +122,6 @@ fn describe() {
     describe_counter!(
         LABELS_EXISTING_TOTAL,
         "Label requests answered with the parcel's existing label."
-    );
-    describe_counter!(
-        COMPLETION_FAILURES_TOTAL,
-        "Attempts whose outcome could not be saved because the store failed after the work."
-    );
-    describe_counter!(
-        RESPONSES_NOT_SAVED_TOTAL,
-        "Route answers that could not be saved, replaced by a saved 500 response_not_saved."
-    );
-    describe_counter!(
-        CLAIM_RESENDS_TOTAL,
-        "Claims sent again with the same token after an error that may hide a commit."
     );
     describe_counter!(
         RECORDS_QUARANTINED_TOTAL,
@@ -178,16 +149,11 @@ pub const SWEEPER_RESULTS: [&str; 2] = ["ok", "error"];
 /// counter with the 5xx answers of the label route (what the error alerts
 /// watch); histograms with every label set they can have here.
 pub fn register_at_zero(records_backend: &'static str) {
+    MetricNames::default().register_at_zero();
     for name in [
-        LEASE_TAKEOVERS_TOTAL,
-        LEASE_LOST_COMPLETIONS_TOTAL,
-        LATE_KEYS_TOTAL,
         RECORDS_PURGED_TOTAL,
         TOMBSTONES_PURGED_TOTAL,
         LABELS_EXISTING_TOTAL,
-        COMPLETION_FAILURES_TOTAL,
-        RESPONSES_NOT_SAVED_TOTAL,
-        CLAIM_RESENDS_TOTAL,
         RECORDS_QUARANTINED_TOTAL,
     ] {
         metrics::counter!(name).increment(0);

@@ -1,6 +1,14 @@
 //! RFC 3339 timestamps (humantime formats them; this crate only says which).
 
-use std::time::{Duration, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// Milliseconds since the Unix epoch by this process's clock.
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|elapsed| elapsed.as_millis() as u64)
+        .unwrap_or(0)
+}
 
 /// `2026-09-30T12:34:56.789Z` for milliseconds since the Unix epoch (UTC).
 pub fn rfc3339_from_ms(ms: u64) -> String {

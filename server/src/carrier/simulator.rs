@@ -15,8 +15,6 @@
 
 use super::{CARRIER_LABELS_PATH, CARRIER_SCRIPT_PATH, CARRIER_STATS_PATH, CarrierLabel, CarrierLabelRequest};
 use crate::config::SimulatorConfig;
-use crate::idempotency::saved::response_from_saved;
-use crate::key_header::idempotency_key;
 use crate::labels::ShippingService;
 use axum::Json;
 use axum::body::{Body, Bytes};
@@ -25,6 +23,8 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use hyper_util::rt::TokioIo;
+use idem_http::key_header::idempotency_key;
+use idem_http::saved::response_from_saved;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};

@@ -12,11 +12,10 @@ use crate::auth::Caller;
 use crate::carrier::{CarrierLabel, CarrierLabelRequest, CarrierOutcome, carrier_key};
 use crate::error::{ApiError, Outcome, Problem};
 use crate::failpoints;
-use crate::idempotency::saved::problem_saved;
-use crate::idempotency::{Attempt, now_ms};
+use crate::idempotency::Attempt;
 use crate::metrics::LABELS_EXISTING_TOTAL;
 use crate::request_context::TraceContext;
-use crate::time::rfc3339_from_ms;
+use crate::time::{now_ms, rfc3339_from_ms};
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
@@ -88,7 +87,7 @@ pub async fn create_label(
         Ok(None) => {}
         Err(error) => {
             return attempt
-                .release(state.idempotency.store_error(&error).into_response())
+                .release(ApiError::from(state.idempotency.store_error(&error)).into_response())
                 .await;
         }
     }
@@ -131,7 +130,7 @@ async fn commit(state: &AppState, attempt: Attempt, stored: StoredLabel) -> Resp
 /// A definitive refusal by the carrier is saved and replayed like a label.
 async fn save_rejection(attempt: Attempt, carrier_status: u16, detail: String) -> Response {
     let error = ApiError::DownstreamRejected { carrier_status, detail };
-    let saved = match problem_saved(&error) {
+    let saved = match error.saved() {
         Ok(saved) => saved,
         Err(invalid) => {
             let answer = ApiError::Internal(format!("carrier refusal cannot be saved: {invalid}"));
@@ -201,6 +200,6 @@ pub async fn get_label(
             Ok(response)
         }
         Ok(None) => Err(ApiError::NotFound),
-        Err(error) => Err(state.idempotency.store_error(&error)),
+        Err(error) => Err(state.idempotency.store_error(&error).into()),
     }
 }

@@ -15,7 +15,7 @@ use axum::{Json, Router};
 use server::auth::{Callers, require_caller};
 use server::config::{CallerConfig, token_sha256};
 use server::error::ApiError;
-use server::idempotency::{FinishPolicy, Idempotency, IdempotencyLayer};
+use server::idempotency::{FinishPolicy, IdempotencyLayer};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -60,7 +60,7 @@ async fn serve_route_with(
     policy: FinishPolicy,
     json: bool,
 ) -> (String, Arc<AtomicUsize>) {
-    let idempotency = Idempotency::new(store, TaskTracker::new(), 1);
+    let idempotency = server::idempotency::configure(store, TaskTracker::new(), 1);
     let callers = Callers::from_config(&[CallerConfig::new("alice", token_sha256(ALICE))]).unwrap();
     let calls = Arc::new(AtomicUsize::new(0));
     let state = RouteState {

@@ -12,7 +12,7 @@ use server::admission::AdmissionConfig;
 use server::auth::Callers;
 use server::carrier::{CarrierClient, CarrierServer};
 use server::config::{CallerConfig, SimulatorConfig, token_sha256};
-use server::idempotency::Idempotency;
+use server::idempotency;
 use server::instrumented::InstrumentedStore;
 use server::labels::{FdbLabels, LABELS_MIGRATION, LabelStore, PostgresLabels, SplitLabels};
 use server::limits::Limits;
@@ -87,7 +87,7 @@ impl Service {
         let client = CarrierClient::new(&carrier.base_url(), Duration::from_millis(options.carrier_timeout_ms))
             .expect("carrier client");
         let state = AppState {
-            idempotency: Idempotency::new(records.clone(), TaskTracker::new(), 1),
+            idempotency: idempotency::configure(records.clone(), TaskTracker::new(), 1),
             labels: labels.clone(),
             carrier: Arc::new(client),
             metrics: prometheus_handle().expect("metrics recorder"),

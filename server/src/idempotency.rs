@@ -1,0 +1,38 @@
+//! The server's use of idem-http: the idempotency middleware configured
+//! for the Label service, through idem-http's public API like any other
+//! application's.
+//!
+//! - who the caller is: the bearer-token caller [`crate::auth::require_caller`]
+//!   authenticated ([`crate::auth::BearerCaller`]);
+//! - how errors look: as every other [`ApiError`], so the API's answers
+//!   are one format (docs/design.md#status-codes);
+//! - what the attempt's task holds: the request's [`InFlightSlot`], so
+//!   work that outlives its client still counts against the in-flight cap
+//!   and admission control;
+//! - metric names: idem-http's default prefix `idem_`, which the alert
+//!   rules and the dashboard use.
+
+pub use idem_http::{
+    Attempt, Begun, CLAIM_SENDS_MAX, FinishPolicy, Idempotency, IdempotencyLayer, IdempotencyService, PendingAttempt,
+    saved,
+};
+
+use crate::auth::BearerCaller;
+use crate::error::ApiError;
+use crate::limits::InFlightSlot;
+use axum::response::IntoResponse;
+use std::sync::Arc;
+use store_core::IdempotencyStore;
+use tokio_util::task::TaskTracker;
+
+/// The middleware over `store` as the server runs it: attempts on `tasks`
+/// (shutdown waits for them), `Retry-After: store_retry_after_s` during
+/// store outages.
+pub fn configure(store: Arc<dyn IdempotencyStore>, tasks: TaskTracker, store_retry_after_s: u64) -> Idempotency {
+    Idempotency::builder(store, BearerCaller)
+        .tasks(tasks)
+        .store_retry_after_s(store_retry_after_s)
+        .render_errors_with(|error| ApiError::from(error).into_response())
+        .hold_during_work::<InFlightSlot>()
+        .build()
+}
