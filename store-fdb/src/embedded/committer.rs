@@ -111,6 +111,12 @@ impl Drop for Committer {
     }
 }
 
+/// Most requests one batch takes: one sync covers at most this many
+/// commits, so a burst cannot keep every commit of it waiting on a sync
+/// behind an unbounded journal write. Commits left in the queue go into the
+/// next batch at once.
+pub(super) const COMMIT_BATCH_MAX: usize = 1_024;
+
 /// The committer thread: batches until the channel closes. `sync` is `None`
 /// when commits need no sync (`Durability::Buffer`).
 fn run_committer(
@@ -120,7 +126,12 @@ fn run_committer(
 ) {
     while let Ok(first) = queue.recv() {
         let mut batch = vec![first];
-        batch.extend(queue.try_iter());
+        batch.extend(queue.try_iter().take(COMMIT_BATCH_MAX - 1));
+        assert!(
+            (1..=COMMIT_BATCH_MAX).contains(&batch.len()),
+            "a batch holds 1 to {COMMIT_BATCH_MAX} requests"
+        );
+        let durable_before = watermarks.durable.load(Ordering::SeqCst);
         let mut answers: Vec<_> = batch
             .into_iter()
             .map(|request| {
@@ -129,6 +140,12 @@ fn run_committer(
             })
             .collect();
         let started = watermarks.started.load(Ordering::SeqCst);
+        // Only this thread moves the watermarks: what is durable never runs
+        // ahead of what was started, nor goes back.
+        assert!(
+            durable_before <= started && durable_before == watermarks.durable.load(Ordering::SeqCst),
+            "durable watermark {durable_before} against started {started}"
+        );
         // Only commits since the last sync need one; a batch of read-only
         // requests whose reads are covered already goes without.
         let synced = match &sync {
@@ -237,6 +254,27 @@ mod tests {
         assert_eq!(watermarks.syncs.load(Ordering::SeqCst), 1);
         assert_eq!(watermarks.started.load(Ordering::SeqCst), COMMITS as u64);
         assert_eq!(watermarks.durable.load(Ordering::SeqCst), COMMITS as u64);
+    }
+
+    #[test]
+    fn a_burst_larger_than_a_batch_is_synced_in_two() {
+        let (_database, queue, answers) = queued_writes(COMMIT_BATCH_MAX + 1);
+        let watermarks = Watermarks::default();
+        let syncs_seen = std::sync::atomic::AtomicUsize::new(0);
+        let sync = || {
+            syncs_seen.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        };
+        run_committer(&queue, &watermarks, Some(sync));
+        for mut answered in answers {
+            assert_eq!(answered.try_recv().unwrap(), Ok(true));
+        }
+        assert_eq!(
+            syncs_seen.load(Ordering::SeqCst),
+            2,
+            "one sync per batch of at most {COMMIT_BATCH_MAX}"
+        );
+        assert_eq!(watermarks.durable.load(Ordering::SeqCst), COMMIT_BATCH_MAX as u64 + 1);
     }
 
     #[test]

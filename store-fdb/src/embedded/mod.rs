@@ -29,12 +29,11 @@ pub use transaction::EmbeddedTx;
 use crate::engine::{EngineError, EngineErrorKind};
 use faults::FaultSwitch;
 use fjall::PersistMode;
-use reopen::{Current, OpenDatabase, REOPEN_INTERVAL_MS};
+use reopen::{Current, OpenDatabase};
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
-use store_core::StoreError;
+use store_core::{SharedClock, StoreError, SystemClock};
 
 /// Name of the single keyspace holding every key; the tuple layer gives the
 /// structure, as on FoundationDB.
@@ -58,8 +57,9 @@ struct Shared {
     faults: FaultSwitch,
     current: Mutex<Current>,
     reopens: AtomicU64,
-    /// [`REOPEN_INTERVAL_MS`], shorter or longer in tests.
-    reopen_interval: Duration,
+    /// What transaction ages and the waits between reopenings are measured
+    /// on (its monotonic reading): the system's, or a test's manual clock.
+    clock: SharedClock,
 }
 
 fn io_error(error: impl std::fmt::Display) -> EngineError {
@@ -79,11 +79,13 @@ impl Drop for Shared {
 
 impl EmbeddedEngine {
     pub fn open(config: &EmbeddedConfig) -> Result<Self, StoreError> {
-        Self::open_with_reopen_interval(config, Duration::from_millis(REOPEN_INTERVAL_MS))
+        Self::open_with_clock(config, SystemClock::shared())
     }
 
-    fn open_with_reopen_interval(config: &EmbeddedConfig, reopen_interval: Duration) -> Result<Self, StoreError> {
-        let database = OpenDatabase::open(config, 0)?;
+    /// Opens with the clock that transaction ages and reopening waits are
+    /// measured on: tests pass a [`store_core::ManualClock`] and move it.
+    pub fn open_with_clock(config: &EmbeddedConfig, clock: SharedClock) -> Result<Self, StoreError> {
+        let database = OpenDatabase::open(config, 0, clock.monotonic_ms())?;
         let faults = FaultSwitch {
             plan: config.faults,
             sequence: AtomicU64::new(0),
@@ -95,13 +97,18 @@ impl EmbeddedEngine {
                 faults,
                 current: Mutex::new(Current::Open(Arc::new(database))),
                 reopens: AtomicU64::new(0),
-                reopen_interval,
+                clock,
             }),
         })
     }
 
     pub fn fault_counters(&self) -> &FaultCounters {
         &self.shared.faults.counters
+    }
+
+    /// The clock this engine measures ages and waits on.
+    pub fn clock(&self) -> &SharedClock {
+        &self.shared.clock
     }
 
     /// Times the database was reopened after a failed write.

@@ -10,13 +10,12 @@ use crate::engine::EngineError;
 use fjall::{KeyspaceCreateOptions, OptimisticTxDatabase, OptimisticTxKeyspace};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, MutexGuard};
-use std::time::{Duration, Instant};
 use store_core::StoreError;
 
 /// Shortest time between two openings of the database after failures, so
 /// that a disk that stays full is not hammered by every request; it doubles
 /// with each opening that fails in a row, up to [`REOPEN_INTERVAL_MS_MAX`].
-pub(super) const REOPEN_INTERVAL_MS: u64 = 250;
+const REOPEN_INTERVAL_MS: u64 = 250;
 
 /// Longest time between two openings while they keep failing.
 const REOPEN_INTERVAL_MS_MAX: u64 = 4_000;
@@ -27,10 +26,10 @@ pub(super) enum Current {
     /// One task is opening the directory again; the others fail fast.
     Reopening,
     /// `failures` openings in a row failed, the last because of `detail`;
-    /// no new one before `retry_at`.
+    /// no new one before `retry_at_ms` (the clock's monotonic reading).
     Failed {
         detail: String,
-        retry_at: Instant,
+        retry_at_ms: u64,
         failures: u32,
     },
 }
@@ -42,15 +41,17 @@ pub(super) struct OpenDatabase {
     pub(super) database: OptimisticTxDatabase,
     pub(super) keyspace: OptimisticTxKeyspace,
     pub(super) committer: Committer,
-    opened_at: Instant,
+    /// When it was opened, by the engine clock's monotonic reading.
+    opened_at_ms: u64,
     /// Openings that had failed in a row before this one.
     failures_before: u32,
 }
 
 impl OpenDatabase {
     /// Opens the directory (replaying fjall's journal) and starts its
-    /// committer thread. Blocking.
-    pub(super) fn open(config: &EmbeddedConfig, failures_before: u32) -> Result<Self, StoreError> {
+    /// committer thread. Blocking. `opened_at_ms` is the engine clock's
+    /// monotonic reading.
+    pub(super) fn open(config: &EmbeddedConfig, failures_before: u32, opened_at_ms: u64) -> Result<Self, StoreError> {
         let unavailable = |error: fjall::Error| {
             // The lock is the usual reason on a second process: say so, the
             // embedded store is one process's directory.
@@ -88,7 +89,7 @@ impl OpenDatabase {
             database,
             keyspace,
             committer,
-            opened_at: Instant::now(),
+            opened_at_ms,
             failures_before,
         })
     }
@@ -117,11 +118,12 @@ impl Shared {
         }
         let failed = database.clone();
         // An opening that worked for a while starts the count again.
-        let lived = failed.opened_at.elapsed() > Duration::from_millis(REOPEN_INTERVAL_MS_MAX);
+        let now_ms = self.clock.monotonic_ms();
+        let lived = now_ms.saturating_sub(failed.opened_at_ms) > REOPEN_INTERVAL_MS_MAX;
         let failures = if lived { 1 } else { failed.failures_before + 1 };
         *current = Current::Failed {
             detail: "a commit or sync failed".to_owned(),
-            retry_at: failed.opened_at + self.reopen_backoff(failures),
+            retry_at_ms: failed.opened_at_ms + self.reopen_backoff_ms(failures),
             failures,
         };
         tracing::error!(path = %self.config.path.display(), "embedded store failed a write; reopening it");
@@ -132,7 +134,9 @@ impl Shared {
     fn start_reopening(&self) -> Result<u32, EngineError> {
         let mut current = self.current();
         match &*current {
-            Current::Failed { retry_at, failures, .. } if Instant::now() >= *retry_at => {
+            Current::Failed {
+                retry_at_ms, failures, ..
+            } if self.clock.monotonic_ms() >= *retry_at_ms => {
                 let failures = *failures;
                 *current = Current::Reopening;
                 Ok(failures)
@@ -145,7 +149,7 @@ impl Shared {
 
     /// Blocking: opens the directory again and puts the result in service.
     fn reopen(&self, failures: u32) -> Result<Arc<OpenDatabase>, EngineError> {
-        let opened = OpenDatabase::open(&self.config, failures);
+        let opened = OpenDatabase::open(&self.config, failures, self.clock.monotonic_ms());
         let mut current = self.current();
         match opened {
             Ok(database) => {
@@ -159,7 +163,7 @@ impl Shared {
                 let detail = format!("reopening failed: {error}");
                 *current = Current::Failed {
                     detail: detail.clone(),
-                    retry_at: Instant::now() + self.reopen_backoff(failures + 1),
+                    retry_at_ms: self.clock.monotonic_ms() + self.reopen_backoff_ms(failures + 1),
                     failures: failures + 1,
                 };
                 Err(io_error(detail))
@@ -168,11 +172,9 @@ impl Shared {
     }
 
     /// The wait before the next opening after `failures` failed in a row.
-    fn reopen_backoff(&self, failures: u32) -> Duration {
-        let doubled = self
-            .reopen_interval
-            .saturating_mul(1 << failures.saturating_sub(1).min(16));
-        doubled.min(Duration::from_millis(REOPEN_INTERVAL_MS_MAX).max(self.reopen_interval))
+    fn reopen_backoff_ms(&self, failures: u32) -> u64 {
+        let doubled = REOPEN_INTERVAL_MS.saturating_mul(1 << failures.saturating_sub(1).min(16));
+        doubled.min(REOPEN_INTERVAL_MS_MAX)
     }
 }
 
@@ -212,6 +214,8 @@ mod tests {
     use super::*;
     use crate::embedded::config::EmbeddedConfig;
     use crate::engine::{Engine, RunOptions, Transaction};
+    use std::time::{Duration, Instant};
+    use store_core::ManualClock;
 
     /// What fjall's poisoning does to the committer: every later write fails.
     fn fail_writes(engine: &EmbeddedEngine) {
@@ -234,20 +238,19 @@ mod tests {
             .await
     }
 
-    /// An engine that reopens as soon as it may (no interval), or never
-    /// within a test (an hour).
-    fn engine_reopening_after(interval: Duration) -> EmbeddedEngine {
-        EmbeddedEngine::open_with_reopen_interval(&EmbeddedConfig::temporary(), interval).unwrap()
+    /// An engine in a temporary directory on a manual clock, and the clock.
+    fn engine_on_a_manual_clock() -> (EmbeddedEngine, Arc<ManualClock>) {
+        let clock = ManualClock::starting_now();
+        let engine = EmbeddedEngine::open_with_clock(&EmbeddedConfig::temporary(), clock.clone()).unwrap();
+        (engine, clock)
     }
-
-    const AT_ONCE: Duration = Duration::ZERO;
-    const NOT_WITHIN_A_TEST: Duration = Duration::from_secs(3_600);
 
     #[tokio::test]
     async fn after_a_failed_write_the_directory_is_reopened_with_its_commits() {
-        let engine = engine_reopening_after(AT_ONCE);
+        let (engine, clock) = engine_on_a_manual_clock();
         write(&engine, b"before").await.unwrap();
         fail_writes(&engine);
+        clock.advance_ms(REOPEN_INTERVAL_MS);
         assert_eq!(read(&engine, b"before").await.unwrap().as_deref(), Some(&b"1"[..]));
         assert_eq!(engine.reopens(), 1);
         write(&engine, b"after").await.unwrap();
@@ -256,25 +259,32 @@ mod tests {
 
     #[tokio::test]
     async fn no_reopening_before_the_interval_and_the_refusal_is_not_retried() {
-        let engine = engine_reopening_after(NOT_WITHIN_A_TEST);
+        let (engine, clock) = engine_on_a_manual_clock();
         fail_writes(&engine);
+        clock.advance_ms(REOPEN_INTERVAL_MS - 1);
         let started = Instant::now();
         let refused = read(&engine, b"key").await.unwrap_err();
         assert!(matches!(refused, StoreError::Unavailable { .. }), "{refused:?}");
         assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
-        assert_eq!(engine.reopens(), 0);
+        assert_eq!(engine.reopens(), 0, "reopened before the interval");
+        clock.advance_ms(1);
+        read(&engine, b"key").await.expect("reopened once the interval passed");
+        assert_eq!(engine.reopens(), 1);
     }
 
     #[tokio::test]
     async fn while_the_failed_opening_is_still_held_reopening_fails_then_succeeds_once_it_is_gone() {
-        let engine = engine_reopening_after(AT_ONCE);
+        let (engine, clock) = engine_on_a_manual_clock();
         let straggler = engine.begin().await.unwrap();
         fail_writes(&engine);
+        clock.advance_ms(REOPEN_INTERVAL_MS);
         // fjall keeps the directory locked while the straggler holds it.
         let refused = write(&engine, b"key").await.unwrap_err();
         assert!(matches!(refused, StoreError::Unavailable { .. }), "{refused:?}");
         assert_eq!(engine.reopens(), 0);
         drop(straggler);
+        // The failed reopening doubled the wait.
+        clock.advance_ms(2 * REOPEN_INTERVAL_MS);
         write(&engine, b"key").await.unwrap();
         assert_eq!(engine.reopens(), 1);
     }
@@ -282,8 +292,8 @@ mod tests {
     #[test]
     fn the_wait_between_failed_openings_doubles_up_to_its_most() {
         let engine = EmbeddedEngine::open(&EmbeddedConfig::temporary()).unwrap();
-        let waits: Vec<u128> = (1..=7)
-            .map(|failures| engine.shared.reopen_backoff(failures).as_millis())
+        let waits: Vec<u64> = (1..=7)
+            .map(|failures| engine.shared.reopen_backoff_ms(failures))
             .collect();
         assert_eq!(waits, [250, 500, 1_000, 2_000, 4_000, 4_000, 4_000]);
     }
@@ -291,8 +301,10 @@ mod tests {
     #[tokio::test]
     async fn a_temporary_engine_deletes_its_directory_once_dropped_even_after_a_reopen() {
         let config = EmbeddedConfig::temporary();
-        let engine = EmbeddedEngine::open_with_reopen_interval(&config, AT_ONCE).unwrap();
+        let clock = ManualClock::starting_now();
+        let engine = EmbeddedEngine::open_with_clock(&config, clock.clone()).unwrap();
         fail_writes(&engine);
+        clock.advance_ms(REOPEN_INTERVAL_MS);
         write(&engine, b"key").await.unwrap();
         assert_eq!(engine.reopens(), 1);
         assert!(config.path.exists());

@@ -30,7 +30,9 @@ impl Engine for EmbeddedEngine {
         let deadline = Instant::now() + Duration::from_millis(options.timeout_ms);
         let mut maybe_committed = MaybeCommitted::No;
         let mut last_error = None;
+        let mut attempts = 0;
         for attempt in 0..options.retry_limit {
+            attempts += 1;
             let error = match self.attempt(&body, maybe_committed).await {
                 Ok(value) => return Ok(value),
                 Err(TxError::Abort(error)) => return Err(error),
@@ -49,11 +51,12 @@ impl Engine for EmbeddedEngine {
             }
             tokio::time::sleep(pause).await;
         }
-        let detail = last_error.map(|error| error.to_string()).unwrap_or_default();
-        Err(StoreError::RetriesExhausted {
-            attempts: options.retry_limit,
-            detail,
-        })
+        // No error at all means no attempt was made: a retry limit of 0.
+        let detail = match last_error {
+            Some(error) => error.to_string(),
+            None => "no attempt was made: the retry limit is 0".to_owned(),
+        };
+        Err(StoreError::RetriesExhausted { attempts, detail })
     }
 }
 
