@@ -85,8 +85,9 @@ impl Intent {
     }
 
     pub fn body(&self) -> Vec<u8> {
-        // A struct of integers and a static string always serialises.
-        serde_json::to_vec(&self.request()).unwrap_or_default()
+        // A struct of integers and a static string always serialises; an
+        // empty body would be sent (and fingerprinted) in silence otherwise.
+        serde_json::to_vec(&self.request()).expect("a label request serialises to JSON")
     }
 
     pub fn fingerprint(&self) -> Fingerprint {
@@ -110,7 +111,7 @@ impl Intent {
             "carrier": "simulated-ground",
             "label_url": format!("https://labels.example/v1/labels/{}.pdf", self.label_id()),
         });
-        let bytes = serde_json::to_vec(&body).unwrap_or_default();
+        let bytes = serde_json::to_vec(&body).expect("a JSON value serialises");
         let headers = vec![("content-type".to_owned(), "application/json".to_owned())];
         SavedResponse::new(201, headers, bytes)
     }

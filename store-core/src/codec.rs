@@ -25,8 +25,9 @@ pub enum CodecError {
 pub fn encode_record(record: &Record) -> Vec<u8> {
     let mut bytes = vec![RECORD_FORMAT_VERSION];
     // Serialising plain owned data into a Vec has no failure mode but
-    // allocation, which aborts anyway.
-    let body = postcard::to_stdvec(record).unwrap_or_default();
+    // allocation, which aborts anyway. Were it ever to fail, writing the
+    // version byte alone would store a record no one can read: stop loudly.
+    let body = postcard::to_stdvec(record).expect("postcard serialises a record into a Vec");
     bytes.extend_from_slice(&body);
     bytes
 }

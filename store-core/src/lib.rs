@@ -2,9 +2,11 @@
 //! codec and (behind the `testkit` feature) the conformance suite that every
 //! backend passes.
 //!
-//! This crate does no I/O and knows no backend: backends bring the clock, the
-//! transactions and the bytes on disk.
+//! This crate does no I/O and knows no backend: backends bring the
+//! transactions and the bytes on disk, and read the time from a [`Clock`]
+//! (the machine itself takes it as an argument).
 
+pub mod clock;
 pub mod codec;
 pub mod fingerprint;
 pub mod machine;
@@ -15,6 +17,7 @@ pub mod types;
 #[cfg(feature = "testkit")]
 pub mod testkit;
 
+pub use clock::{Clock, ManualClock, SharedClock, SystemClock};
 pub use codec::{CodecError, decode_record, encode_record};
 pub use outcome::{Acquired, ClaimOutcome, ClaimRequest, Fenced, HeldLease, PurgeReport};
 pub use store::{BoxError, IdempotencyStore, PURGE_BATCH_MAX, StoreError};

@@ -58,6 +58,55 @@ impl<O> Step<O> {
             outcome,
         }
     }
+
+    /// A step that writes `record`, checked against what every written
+    /// record must satisfy.
+    fn put(record: Record, outcome: O, now_ms: u64) -> Self {
+        check_written_record(&record, now_ms);
+        Self {
+            write: Write::Put(record),
+            outcome,
+        }
+    }
+}
+
+/// What every record the machine writes satisfies. The record was just
+/// written by a transition, so it is live; it expires no earlier than it was
+/// created, and no earlier than its lease ends (ARCHITECTURE.md, invariants:
+/// "`expires_at` is never earlier than the live lease's end").
+///
+/// Debug-only: a written record carries fields of the stored one it
+/// replaced (its creation time, a kept lease), and a stored record is input
+/// that release builds must not panic on.
+fn check_written_record(record: &Record, now_ms: u64) {
+    debug_assert!(
+        !record.is_expired(now_ms),
+        "a written record is live: expires at {} ms, now {now_ms} ms",
+        record.expires_at_ms
+    );
+    debug_assert!(
+        record.created_at_ms <= record.expires_at_ms,
+        "a record expires after it was created: {record:?}"
+    );
+    if let RecordState::Started { lease, .. } = &record.state {
+        debug_assert!(
+            lease.locked_until_ms <= record.expires_at_ms,
+            "a record outlives its lease: {record:?}"
+        );
+    }
+}
+
+/// What a transition of an existing record keeps: which request it answers
+/// (the fingerprint) and when it was created. Cheap, so always checked.
+fn assert_same_record(before: &Record, after: &Record) {
+    assert_eq!(
+        before.fingerprint, after.fingerprint,
+        "a transition changed the fingerprint"
+    );
+    assert_eq!(
+        before.created_at_ms, after.created_at_ms,
+        "a transition changed the creation time"
+    );
 }
 
 /// What the backend found under (caller, key).
@@ -100,6 +149,7 @@ pub fn claim(found: Found<'_>, request: &ClaimRequest, now_ms: u64, policy: &Pol
                     return resent_claim(record, lease, recovery_point, request, policy);
                 }
                 let retry_after_ms = lease.locked_until_ms - now_ms;
+                debug_assert!(retry_after_ms > 0, "a live lease has time left");
                 return Step::answer(ClaimOutcome::InProgress { retry_after_ms });
             }
             take_over(record, recovery_point, request, now_ms, policy)
@@ -127,10 +177,7 @@ fn first_run(request: &ClaimRequest, now_ms: u64, policy: &Policy, late_key: boo
         recovery_point: None,
         late_key,
     };
-    Step {
-        write: Write::Put(record),
-        outcome: ClaimOutcome::Acquired(acquired),
-    }
+    Step::put(record, ClaimOutcome::Acquired(acquired), now_ms)
 }
 
 /// The same attempt's claim arriving again (its first reply was lost): give
@@ -143,6 +190,7 @@ fn resent_claim(
     request: &ClaimRequest,
     policy: &Policy,
 ) -> Step<ClaimOutcome> {
+    debug_assert_eq!(lease.token, request.token, "a re-sent claim carries the lease's token");
     let lease_started_ms = lease.locked_until_ms.saturating_sub(policy.lease_ms());
     let acquired = Acquired {
         lease: held(request, lease),
@@ -164,6 +212,16 @@ fn take_over(
         token: request.token,
         locked_until_ms: now_ms + policy.lease_ms(),
     };
+    // Fencing in time: the lease taken over had ended, so the new one ends
+    // strictly later, and the record never loses retention by a takeover.
+    if let Some(old) = record.lease() {
+        assert!(
+            old.locked_until_ms <= now_ms && lease.locked_until_ms > old.locked_until_ms,
+            "a takeover replaces an ended lease ({} ms) by a later one ({} ms) at {now_ms} ms",
+            old.locked_until_ms,
+            lease.locked_until_ms
+        );
+    }
     let updated = Record {
         state: RecordState::Started {
             lease,
@@ -173,16 +231,15 @@ fn take_over(
         expires_at_ms: record.expires_at_ms.max(now_ms + policy.retention_ms()),
         ..record.clone()
     };
+    assert!(updated.expires_at_ms >= record.expires_at_ms);
+    assert_same_record(record, &updated);
     let acquired = Acquired {
         lease: held(request, &lease),
         takeover: true,
         recovery_point: recovery_point.clone(),
         late_key: false,
     };
-    Step {
-        write: Write::Put(updated),
-        outcome: ClaimOutcome::Acquired(acquired),
-    }
+    Step::put(updated, ClaimOutcome::Acquired(acquired), now_ms)
 }
 
 fn held(request: &ClaimRequest, lease: &Lease) -> HeldLease {
@@ -222,10 +279,8 @@ pub fn checkpoint(found: Found<'_>, token: LeaseToken, point: RecoveryPoint, now
         },
         ..record.clone()
     };
-    Step {
-        write: Write::Put(updated),
-        outcome: Fenced::Applied(()),
-    }
+    assert_same_record(record, &updated);
+    Step::put(updated, Fenced::Applied(()), now_ms)
 }
 
 /// Who may complete a record, checked before any effect runs.
@@ -270,6 +325,12 @@ pub fn complete(
             let Found::Record(record) = found else {
                 return lease_lost();
             };
+            debug_assert!(
+                matches!(&record.state, RecordState::Started { lease, .. } if lease.token == token),
+                "only the token holding the started record completes it"
+            );
+            // A completed record has a response, no lease, and the token
+            // that completed it, by its type: nothing to hold it any more.
             let updated = Record {
                 state: RecordState::Completed {
                     response,
@@ -278,10 +339,8 @@ pub fn complete(
                 expires_at_ms: now_ms + policy.retention_ms(),
                 ..record.clone()
             };
-            Step {
-                write: Write::Put(updated),
-                outcome: Fenced::Applied(()),
-            }
+            assert_same_record(record, &updated);
+            Step::put(updated, Fenced::Applied(()), now_ms)
         }
     }
 }
@@ -299,6 +358,10 @@ pub fn release(found: Found<'_>, token: LeaseToken, now_ms: u64) -> Step<Fenced>
         token,
         locked_until_ms: lease.locked_until_ms.min(now_ms),
     };
+    assert!(
+        ended.locked_until_ms <= lease.locked_until_ms && ended.locked_until_ms <= now_ms,
+        "a release only ever ends a lease sooner"
+    );
     let updated = Record {
         state: RecordState::Started {
             lease: ended,
@@ -306,10 +369,8 @@ pub fn release(found: Found<'_>, token: LeaseToken, now_ms: u64) -> Step<Fenced>
         },
         ..record.clone()
     };
-    Step {
-        write: Write::Put(updated),
-        outcome: Fenced::Applied(()),
-    }
+    assert_same_record(record, &updated);
+    Step::put(updated, Fenced::Applied(()), now_ms)
 }
 
 /// Delete the record: the request failed validation before any effect, so the
@@ -601,6 +662,41 @@ mod tests {
             abandon(Found::Nothing, LeaseToken(1), NOW),
             Step::answer(Fenced::Applied(()))
         );
+    }
+
+    /// The invariants are asserted, not assumed: a stored record that breaks
+    /// one (here a lease outliving its record, which no transition writes)
+    /// stops a debug build at the next write instead of spreading.
+    #[test]
+    #[cfg(debug_assertions)]
+    #[should_panic(expected = "a record outlives its lease")]
+    fn writing_a_record_whose_lease_outlives_it_is_caught() {
+        let request = request("a");
+        let mut record = started(&request);
+        record.expires_at_ms = NOW + LEASE - 1;
+        let point = RecoveryPoint::new(vec![1]).unwrap();
+        let _ = checkpoint(Found::Record(&record), request.token, point, NOW + 1);
+    }
+
+    #[test]
+    #[cfg(debug_assertions)]
+    #[should_panic(expected = "a record expires after it was created")]
+    fn writing_a_record_that_expires_before_it_was_created_is_caught() {
+        let request = request("a");
+        let mut record = started(&request);
+        record.created_at_ms = record.expires_at_ms + 1;
+        let _ = release(Found::Record(&record), request.token, NOW + 1);
+    }
+
+    #[test]
+    #[should_panic(expected = "a transition changed the creation time")]
+    fn a_transition_that_changes_the_creation_time_is_caught() {
+        let before = started(&request("a"));
+        let after = Record {
+            created_at_ms: before.created_at_ms + 1,
+            ..before.clone()
+        };
+        assert_same_record(&before, &after);
     }
 
     #[test]

@@ -1,11 +1,19 @@
 //! The conformance suite: one function per behaviour, run by every backend's
 //! own tests against a live instance.
 //!
-//! A backend wires it with [`conformance_tests!`](crate::conformance_tests),
-//! giving an async factory `fn(Policy) -> SharedStore`. Each behaviour makes
-//! its own callers with random ids, so one store instance (one Redis server,
-//! one database) may serve all of them at once.
+//! A backend wires it with [`conformance_tests!`](crate::conformance_tests).
+//! Each behaviour makes its own callers with random ids, so one store
+//! instance (one Redis server, one database) may serve all of them at once.
+//!
+//! Behaviours that need time to pass (a lease to expire, a record to outlive
+//! its retention) ask the [`TestTime`] they are given. A store that takes an
+//! injected clock (`conformance_tests!(clocked: make)`) is built on a
+//! [`ManualClock`] and time passes at once when the behaviour moves it; a
+//! store whose server decides expiry by its own clock
+//! (`conformance_tests!(make)`: Redis, PostgreSQL) gets [`TestTime::Wall`],
+//! the suite's one real sleep.
 
+use crate::clock::{ManualClock, SharedClock};
 use crate::outcome::{Acquired, ClaimOutcome, ClaimRequest, Fenced, HeldLease};
 use crate::types::{CallerId, Fingerprint, IdempotencyKey, Policy, RecordState, RecoveryPoint, SavedResponse};
 use crate::{IdempotencyStore, RESPONSE_BODY_BYTES_MAX};
@@ -14,7 +22,9 @@ use std::time::Duration;
 
 pub type SharedStore = Arc<dyn IdempotencyStore>;
 
-/// Lease of the suite's policy: short, so takeovers happen in the test's time.
+/// Lease of the suite's policy: short, so takeovers happen in the test's
+/// time on a wall clock too. Behaviours that expect a lease to be live
+/// assume two round trips fit in it, which only a manual clock guarantees.
 pub const TEST_LEASE_MS: u64 = 300;
 /// Retention of the suite's policy: short, so purges happen in the test's time.
 pub const TEST_RETENTION_MS: u64 = 1_500;
@@ -54,8 +64,46 @@ pub fn response(tag: u8) -> SavedResponse {
     SavedResponse::new(201, headers, body).expect("test response is valid")
 }
 
-async fn sleep_ms(ms: u64) {
-    tokio::time::sleep(Duration::from_millis(ms)).await;
+/// How time passes for the store under test.
+#[derive(Debug, Clone)]
+pub enum TestTime {
+    /// The store reads this clock: time passes when a behaviour moves it,
+    /// at once.
+    Manual(Arc<ManualClock>),
+    /// The store's server decides expiry by its own clock (Redis `TIME`,
+    /// PostgreSQL `now()`): time passes only by really waiting.
+    Wall,
+}
+
+impl TestTime {
+    /// A fresh manual clock at the current time, and the time that moves it.
+    pub fn manual() -> (SharedClock, Self) {
+        let clock = ManualClock::starting_now();
+        (clock.clone(), Self::Manual(clock))
+    }
+
+    /// Lets `ms` pass for the store: moves the manual clock, or sleeps.
+    pub async fn pass(&self, ms: u64) {
+        match self {
+            Self::Manual(clock) => clock.advance_ms(ms),
+            // The suite's only real sleep, for stores whose server keeps the time.
+            Self::Wall => tokio::time::sleep(Duration::from_millis(ms)).await,
+        }
+    }
+
+    /// The manual clock, if the store reads one.
+    pub fn manual_clock(&self) -> Option<&Arc<ManualClock>> {
+        match self {
+            Self::Manual(clock) => Some(clock),
+            Self::Wall => None,
+        }
+    }
+}
+
+/// A store under test and how time passes for it.
+pub struct Subject {
+    pub store: SharedStore,
+    pub time: TestTime,
 }
 
 pub async fn acquire(store: &SharedStore, request: &ClaimRequest) -> Acquired {
@@ -75,7 +123,8 @@ fn lost(result: Result<Fenced, crate::StoreError>) {
 
 // ---- No record -> started ---------------------------------------------------
 
-pub async fn first_claim_acquires_a_fresh_lease(store: SharedStore) {
+pub async fn first_claim_acquires_a_fresh_lease(subject: Subject) {
+    let store = subject.store;
     let caller = unique_caller();
     let request = claim_request(&caller, "label:1:1:v1", "a");
     let acquired = acquire(&store, &request).await;
@@ -93,33 +142,44 @@ pub async fn first_claim_acquires_a_fresh_lease(store: SharedStore) {
 
 // ---- Started ----------------------------------------------------------------
 
-pub async fn repeat_while_lease_is_live_is_in_progress(store: SharedStore) {
+pub async fn repeat_while_lease_is_live_is_in_progress(subject: Subject) {
+    let Subject { store, time } = subject;
     let caller = unique_caller();
     acquire(&store, &claim_request(&caller, "k", "a")).await;
+    // On a manual clock the lease is live to its last millisecond.
+    let before_the_end = TEST_LEASE_MS - 1;
+    if let TestTime::Manual(_) = time {
+        time.pass(before_the_end).await;
+    }
     match store.claim(&claim_request(&caller, "k", "a")).await.unwrap() {
-        ClaimOutcome::InProgress { retry_after_ms } => assert!((1..=TEST_LEASE_MS).contains(&retry_after_ms)),
+        ClaimOutcome::InProgress { retry_after_ms } => match time {
+            TestTime::Manual(_) => assert_eq!(retry_after_ms, TEST_LEASE_MS - before_the_end),
+            TestTime::Wall => assert!((1..=TEST_LEASE_MS).contains(&retry_after_ms)),
+        },
         other => panic!("expected in progress, got {other:?}"),
     }
 }
 
-pub async fn repeat_with_another_body_is_a_mismatch_while_started(store: SharedStore) {
+pub async fn repeat_with_another_body_is_a_mismatch_while_started(subject: Subject) {
+    let Subject { store, time } = subject;
     let caller = unique_caller();
     acquire(&store, &claim_request(&caller, "k", "a")).await;
     assert_eq!(
         store.claim(&claim_request(&caller, "k", "b")).await.unwrap(),
         ClaimOutcome::Mismatch
     );
-    sleep_ms(TEST_LEASE_MS + 100).await;
+    time.pass(TEST_LEASE_MS + 100).await;
     assert_eq!(
         store.claim(&claim_request(&caller, "k", "b")).await.unwrap(),
         ClaimOutcome::Mismatch
     );
 }
 
-pub async fn expired_lease_is_taken_over_and_the_stale_attempt_is_fenced(store: SharedStore) {
+pub async fn expired_lease_is_taken_over_and_the_stale_attempt_is_fenced(subject: Subject) {
+    let Subject { store, time } = subject;
     let caller = unique_caller();
     let first = acquire(&store, &claim_request(&caller, "k", "a")).await;
-    sleep_ms(TEST_LEASE_MS + 100).await;
+    time.pass(TEST_LEASE_MS + 100).await;
     let second = acquire(&store, &claim_request(&caller, "k", "a")).await;
     assert!(second.takeover, "a claim after the lease expired is a takeover");
     assert_ne!(first.lease.token, second.lease.token);
@@ -129,18 +189,20 @@ pub async fn expired_lease_is_taken_over_and_the_stale_attempt_is_fenced(store: 
     assert_eq!(replay, ClaimOutcome::Replay(response(2)));
 }
 
-pub async fn recovery_point_survives_a_takeover(store: SharedStore) {
+pub async fn recovery_point_survives_a_takeover(subject: Subject) {
+    let Subject { store, time } = subject;
     let caller = unique_caller();
     let first = acquire(&store, &claim_request(&caller, "k", "a")).await;
     let point = RecoveryPoint::new(b"carrier-called:GRD000918273".to_vec()).unwrap();
     applied(store.checkpoint(&first.lease, point.clone()).await);
-    sleep_ms(TEST_LEASE_MS + 100).await;
+    time.pass(TEST_LEASE_MS + 100).await;
     let second = acquire(&store, &claim_request(&caller, "k", "a")).await;
     assert!(second.takeover);
     assert_eq!(second.recovery_point, Some(point));
 }
 
-pub async fn validation_failure_abandons_and_frees_the_key(store: SharedStore) {
+pub async fn validation_failure_abandons_and_frees_the_key(subject: Subject) {
+    let store = subject.store;
     let caller = unique_caller();
     let first = acquire(&store, &claim_request(&caller, "k", "bad")).await;
     applied(store.abandon(&first.lease).await);
@@ -152,7 +214,8 @@ pub async fn validation_failure_abandons_and_frees_the_key(store: SharedStore) {
     lost(store.abandon(&first.lease).await);
 }
 
-pub async fn release_lets_the_next_claim_take_over_at_once(store: SharedStore) {
+pub async fn release_lets_the_next_claim_take_over_at_once(subject: Subject) {
+    let store = subject.store;
     let caller = unique_caller();
     let first = acquire(&store, &claim_request(&caller, "k", "a")).await;
     applied(store.release(&first.lease).await);
@@ -162,7 +225,8 @@ pub async fn release_lets_the_next_claim_take_over_at_once(store: SharedStore) {
     lost(store.release(&first.lease).await);
 }
 
-pub async fn stale_token_can_neither_complete_checkpoint_release_nor_abandon(store: SharedStore) {
+pub async fn stale_token_can_neither_complete_checkpoint_release_nor_abandon(subject: Subject) {
+    let store = subject.store;
     let caller = unique_caller();
     let first = acquire(&store, &claim_request(&caller, "k", "a")).await;
     applied(store.release(&first.lease).await);
@@ -184,7 +248,8 @@ pub async fn stale_token_can_neither_complete_checkpoint_release_nor_abandon(sto
     applied(store.complete(&second.lease, response(2)).await);
 }
 
-pub async fn fenced_writes_on_a_missing_record_are_lease_lost(store: SharedStore) {
+pub async fn fenced_writes_on_a_missing_record_are_lease_lost(subject: Subject) {
+    let store = subject.store;
     let caller = unique_caller();
     let lease = HeldLease {
         caller: caller.clone(),
@@ -202,7 +267,8 @@ pub async fn fenced_writes_on_a_missing_record_are_lease_lost(store: SharedStore
     );
 }
 
-pub async fn resent_claim_with_the_same_token_gets_its_lease_back(store: SharedStore) {
+pub async fn resent_claim_with_the_same_token_gets_its_lease_back(subject: Subject) {
+    let store = subject.store;
     let caller = unique_caller();
     let request = claim_request(&caller, "k", "a");
     let first = acquire(&store, &request).await;
@@ -214,7 +280,8 @@ pub async fn resent_claim_with_the_same_token_gets_its_lease_back(store: SharedS
 
 // ---- Started -> completed ---------------------------------------------------
 
-pub async fn completed_repeat_replays_the_exact_response(store: SharedStore) {
+pub async fn completed_repeat_replays_the_exact_response(subject: Subject) {
+    let store = subject.store;
     let caller = unique_caller();
     let first = acquire(&store, &claim_request(&caller, "k", r#"{"a":1,"b":2}"#)).await;
     applied(store.complete(&first.lease, response(7)).await);
@@ -230,7 +297,8 @@ pub async fn completed_repeat_replays_the_exact_response(store: SharedStore) {
     assert!(matches!(record.state, RecordState::Completed { .. }));
 }
 
-pub async fn completed_repeat_with_another_body_is_a_mismatch(store: SharedStore) {
+pub async fn completed_repeat_with_another_body_is_a_mismatch(subject: Subject) {
+    let store = subject.store;
     let caller = unique_caller();
     let first = acquire(&store, &claim_request(&caller, "k", "a")).await;
     applied(store.complete(&first.lease, response(1)).await);
@@ -240,7 +308,8 @@ pub async fn completed_repeat_with_another_body_is_a_mismatch(store: SharedStore
     );
 }
 
-pub async fn completing_twice_with_the_same_token_is_done_once(store: SharedStore) {
+pub async fn completing_twice_with_the_same_token_is_done_once(subject: Subject) {
+    let store = subject.store;
     let caller = unique_caller();
     let first = acquire(&store, &claim_request(&caller, "k", "a")).await;
     applied(store.complete(&first.lease, response(1)).await);
@@ -251,7 +320,8 @@ pub async fn completing_twice_with_the_same_token_is_done_once(store: SharedStor
     lost(store.abandon(&first.lease).await);
 }
 
-pub async fn largest_response_round_trips(store: SharedStore) {
+pub async fn largest_response_round_trips(subject: Subject) {
+    let store = subject.store;
     let caller = unique_caller();
     let first = acquire(&store, &claim_request(&caller, "k", "a")).await;
     let body: Vec<u8> = (0..RESPONSE_BODY_BYTES_MAX).map(|i| (i % 251) as u8).collect();
@@ -265,7 +335,8 @@ pub async fn largest_response_round_trips(store: SharedStore) {
 
 // ---- Scoping, purge, concurrency --------------------------------------------
 
-pub async fn the_same_key_under_two_callers_never_collides(store: SharedStore) {
+pub async fn the_same_key_under_two_callers_never_collides(subject: Subject) {
+    let store = subject.store;
     let (alice, bob) = (unique_caller(), unique_caller());
     let a = acquire(&store, &claim_request(&alice, "shared", "a")).await;
     let b = acquire(&store, &claim_request(&bob, "shared", "b")).await;
@@ -292,11 +363,12 @@ pub async fn the_same_key_under_two_callers_never_collides(store: SharedStore) {
     lost(store.complete(&forged, response(3)).await);
 }
 
-pub async fn purge_removes_only_expired_records_and_leaves_a_tombstone(store: SharedStore) {
+pub async fn purge_removes_only_expired_records_and_leaves_a_tombstone(subject: Subject) {
+    let Subject { store, time } = subject;
     let caller = unique_caller();
     let old = acquire(&store, &claim_request(&caller, "old", "a")).await;
     applied(store.complete(&old.lease, response(1)).await);
-    sleep_ms(TEST_RETENTION_MS + 200).await;
+    time.pass(TEST_RETENTION_MS + 200).await;
     let fresh = acquire(&store, &claim_request(&caller, "fresh", "a")).await;
     applied(store.complete(&fresh.lease, response(2)).await);
     loop {
@@ -322,11 +394,12 @@ pub async fn purge_removes_only_expired_records_and_leaves_a_tombstone(store: Sh
     assert!(!late.takeover);
 }
 
-pub async fn an_expired_record_counts_as_late_before_any_purge(store: SharedStore) {
+pub async fn an_expired_record_counts_as_late_before_any_purge(subject: Subject) {
+    let Subject { store, time } = subject;
     let caller = unique_caller();
     let first = acquire(&store, &claim_request(&caller, "k", "a")).await;
     applied(store.complete(&first.lease, response(1)).await);
-    sleep_ms(TEST_RETENTION_MS + 200).await;
+    time.pass(TEST_RETENTION_MS + 200).await;
     let again = acquire(&store, &claim_request(&caller, "k", "a")).await;
     assert!(
         again.late_key,
@@ -335,11 +408,12 @@ pub async fn an_expired_record_counts_as_late_before_any_purge(store: SharedStor
     assert!(!again.takeover);
 }
 
-pub async fn a_late_key_stays_late_after_an_abandoned_reclaim(store: SharedStore) {
+pub async fn a_late_key_stays_late_after_an_abandoned_reclaim(subject: Subject) {
+    let Subject { store, time } = subject;
     let caller = unique_caller();
     let first = acquire(&store, &claim_request(&caller, "k", "a")).await;
     applied(store.complete(&first.lease, response(1)).await);
-    sleep_ms(TEST_RETENTION_MS + 200).await;
+    time.pass(TEST_RETENTION_MS + 200).await;
     while store.purge_expired(100).await.expect("purge").more {}
     let late = acquire(&store, &claim_request(&caller, "k", "bad")).await;
     assert!(late.late_key);
@@ -351,7 +425,8 @@ pub async fn a_late_key_stays_late_after_an_abandoned_reclaim(store: SharedStore
     );
 }
 
-pub async fn storm_of_concurrent_claims_yields_exactly_one_acquired(store: SharedStore) {
+pub async fn storm_of_concurrent_claims_yields_exactly_one_acquired(subject: Subject) {
+    let Subject { store, time } = subject;
     let caller = unique_caller();
     let barrier = Arc::new(tokio::sync::Barrier::new(STORM_CLAIMS));
     let tasks: Vec<_> = (0..STORM_CLAIMS)
@@ -378,6 +453,9 @@ pub async fn storm_of_concurrent_claims_yields_exactly_one_acquired(store: Share
         fresh, 1,
         "{fresh} of {STORM_CLAIMS} concurrent claims acquired the key as new"
     );
+    if let TestTime::Manual(_) = time {
+        assert_eq!(takeovers, 0, "a lease taken over while the clock stood still");
+    }
     // A claim retried (after conflicts) past the winner's lease takes the
     // key over, as it should: only a storm longer than the lease may see it.
     assert!(
@@ -387,12 +465,34 @@ pub async fn storm_of_concurrent_claims_yields_exactly_one_acquired(store: Share
 }
 
 /// Expands to one `#[tokio::test]` per behaviour of the suite, plus the
-/// model-based property test. `$make` is an async fn taking a [`Policy`]
-/// and returning a [`SharedStore`] built with it.
+/// model-based property test.
+///
+/// - `conformance_tests!(clocked: make)`: `make` is an async fn taking a
+///   [`Policy`] and a [`SharedClock`](crate::SharedClock) and returning a
+///   [`SharedStore`] that reads that clock. Each test gets a fresh
+///   [`ManualClock`], and time passes when a behaviour moves it.
+/// - `conformance_tests!(make)`: `make` is an async fn taking a [`Policy`],
+///   for stores whose server decides expiry by its own clock; time passes
+///   by sleeping.
 #[macro_export]
 macro_rules! conformance_tests {
+    (clocked: $make:path) => {
+        $crate::conformance_tests!(@suite {
+            |policy: $crate::Policy| async move {
+                let (clock, time) = $crate::testkit::TestTime::manual();
+                $crate::testkit::Subject { store: $make(policy, clock).await, time }
+            }
+        });
+    };
     ($make:path) => {
-        $crate::conformance_tests!(@each $make;
+        $crate::conformance_tests!(@suite {
+            |policy: $crate::Policy| async move {
+                $crate::testkit::Subject { store: $make(policy).await, time: $crate::testkit::TestTime::Wall }
+            }
+        });
+    };
+    (@suite $subject:block) => {
+        $crate::conformance_tests!(@each $subject;
             first_claim_acquires_a_fresh_lease,
             repeat_while_lease_is_live_is_in_progress,
             repeat_with_another_body_is_a_mismatch_while_started,
@@ -416,15 +516,16 @@ macro_rules! conformance_tests {
 
         #[test]
         fn conformance_matches_the_reference_model() {
-            $crate::testkit::model::check_against_model(|policy| Box::pin($make(policy)));
+            let subject = $subject;
+            $crate::testkit::model::check_against_model(move |policy| Box::pin(subject(policy)));
         }
     };
-    (@each $make:path; $($behaviour:ident),*) => {
+    (@each $subject:block; $($behaviour:ident),*) => {
         $(
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn $behaviour() {
-                let store = $make($crate::testkit::policy()).await;
-                $crate::testkit::$behaviour(store).await;
+                let subject = $subject;
+                $crate::testkit::$behaviour(subject($crate::testkit::policy()).await).await;
             }
         )*
     };

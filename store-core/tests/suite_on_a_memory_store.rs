@@ -1,11 +1,11 @@
 //! Runs the conformance suite against the smallest possible store: the pure
 //! state machine over a mutex-guarded map. It checks the suite and the
-//! machine together, before any backend adds I/O; it is not a backend.
+//! machine together, before any backend adds I/O; it is not a backend. It
+//! reads the injected clock, so the suite moves its time by hand.
 
 use async_trait::async_trait;
 use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex};
-use std::time::{SystemTime, UNIX_EPOCH};
 use store_core::machine::{self, Found, Step, Write};
 use store_core::testkit::SharedStore;
 use store_core::*;
@@ -14,14 +14,8 @@ type Slot = (CallerId, KeyDigest);
 
 struct MemoryStore {
     policy: Policy,
+    clock: SharedClock,
     state: Mutex<(BTreeMap<Slot, Record>, HashSet<Slot>)>,
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }
 
 impl MemoryStore {
@@ -39,7 +33,7 @@ impl MemoryStore {
             None if tombstones.contains(&slot) => Found::Tombstone,
             None => Found::Nothing,
         };
-        let step = transition(found, now_ms());
+        let step = transition(found, self.clock.now_ms());
         match step.write {
             Write::Nothing => {}
             Write::Put(record) => {
@@ -86,7 +80,7 @@ impl IdempotencyStore for MemoryStore {
     async fn purge_expired(&self, limit: usize) -> Result<PurgeReport, StoreError> {
         let mut guard = self.state.lock().unwrap();
         let (records, tombstones) = &mut *guard;
-        let now = now_ms();
+        let now = self.clock.now_ms();
         let due: Vec<Slot> = records
             .iter()
             .filter(|(_, r)| machine::is_purgeable(r, now))
@@ -120,11 +114,12 @@ impl IdempotencyStore for MemoryStore {
     }
 }
 
-async fn memory_store(policy: Policy) -> SharedStore {
+async fn memory_store(policy: Policy, clock: SharedClock) -> SharedStore {
     Arc::new(MemoryStore {
         policy,
+        clock,
         state: Mutex::default(),
     })
 }
 
-store_core::conformance_tests!(memory_store);
+store_core::conformance_tests!(clocked: memory_store);

@@ -39,8 +39,21 @@ pub type EmbeddedStore = FdbStore<EmbeddedEngine>;
 pub const KEY_PREFIX_DEFAULT: &[u8] = b"idem";
 
 impl EmbeddedStore {
-    /// Opens (or creates) an embedded store in `config.path`.
+    /// Opens (or creates) an embedded store in `config.path`, on the
+    /// system's clock.
     pub fn open_embedded(config: &EmbeddedConfig, policy: store_core::Policy) -> Result<Self, store_core::StoreError> {
-        Ok(FdbStore::new(EmbeddedEngine::open(config)?, KEY_PREFIX_DEFAULT, policy))
+        Self::open_embedded_with_clock(config, policy, store_core::SystemClock::shared())
+    }
+
+    /// Opens an embedded store whose store and engine both read `clock`:
+    /// leases, retention, purges and transaction ages are timed by it, so a
+    /// test holding a `ManualClock` makes them pass by moving it.
+    pub fn open_embedded_with_clock(
+        config: &EmbeddedConfig,
+        policy: store_core::Policy,
+        clock: store_core::SharedClock,
+    ) -> Result<Self, store_core::StoreError> {
+        let engine = EmbeddedEngine::open_with_clock(config, clock.clone())?;
+        Ok(FdbStore::new(engine, KEY_PREFIX_DEFAULT, policy).with_clock(clock))
     }
 }

@@ -14,12 +14,11 @@ use crate::keys::{KIND_RECORD, KIND_TOMBSTONE, KeyLayout, RECORD_CHUNK_BYTES_MAX
 use async_trait::async_trait;
 use futures::future::BoxFuture;
 use std::future::Future;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use store_core::machine::{self, CompletionFence, Found, Step, Write};
 use store_core::{
     CallerId, ClaimOutcome, ClaimRequest, Fenced, HeldLease, IdempotencyKey, IdempotencyStore, KeyDigest,
-    PURGE_BATCH_MAX, Policy, PurgeReport, Record, RecoveryPoint, SavedResponse, StoreError, decode_record,
-    encode_record,
+    PURGE_BATCH_MAX, Policy, PurgeReport, Record, RecoveryPoint, SavedResponse, SharedClock, StoreError, SystemClock,
+    decode_record, encode_record,
 };
 
 /// Index entries one purge transaction handles at most.
@@ -42,6 +41,8 @@ struct PurgeBatch {
     tombstones: u64,
     /// Records that could not be decoded, set aside: (caller, key digest).
     quarantined: Vec<(CallerId, KeyDigest)>,
+    /// Index entries whose key does not parse (no slot to name): cleared.
+    unparsable_entries: u64,
     /// Index entries handled (cleared), stale ones included.
     entries: usize,
     /// True when the shard has no more due entries.
@@ -64,22 +65,17 @@ enum RecordPurge {
     },
 }
 
-/// Milliseconds since the Unix epoch by this process's clock. FoundationDB
-/// has no server clock, so leases are timed by the application servers' own
-/// clocks on both engines; skew between servers shortens or lengthens a
-/// lease, while the lease token keeps every write fenced regardless.
-pub fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|elapsed| elapsed.as_millis() as u64)
-        .unwrap_or(0)
-}
-
 pub struct FdbStore<E: Engine> {
     engine: E,
     layout: KeyLayout,
     policy: Policy,
     run_options: RunOptions,
+    /// What leases, retention and the purge's transaction age are timed by.
+    /// FoundationDB has no server clock, so on both engines it is the
+    /// application server's own ([`SystemClock`]); skew between servers
+    /// shortens or lengthens a lease, while the lease token keeps every
+    /// write fenced regardless. Tests give a `ManualClock` and move it.
+    clock: SharedClock,
 }
 
 /// What a transaction found under a slot.
@@ -107,7 +103,18 @@ impl<E: Engine> FdbStore<E> {
             layout: KeyLayout::new(prefix),
             policy,
             run_options: RunOptions::default(),
+            clock: SystemClock::shared(),
         }
+    }
+
+    /// Times leases, retention and purges by `clock` instead of the system's.
+    pub fn with_clock(mut self, clock: SharedClock) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    pub fn clock(&self) -> &SharedClock {
+        &self.clock
     }
 
     pub fn with_run_options(mut self, run_options: RunOptions) -> Self {
@@ -155,7 +162,7 @@ impl<E: Engine> FdbStore<E> {
             let effect = &effect;
             self.engine
                 .run(self.run_options, |tx, _maybe_committed: MaybeCommitted| async move {
-                    let now = now_ms();
+                    let now = self.clock.now_ms();
                     let existing = self.read_existing(&tx, slot, now).await?;
                     match machine::completion_fence(existing.found(), lease.token, now) {
                         CompletionFence::CompletedByThisToken(saved) => return Ok(Fenced::Applied(saved.clone())),
@@ -185,7 +192,7 @@ impl<E: Engine> FdbStore<E> {
         let transition = &transition;
         self.engine
             .run(self.run_options, |tx, _maybe_committed: MaybeCommitted| async move {
-                let now = now_ms();
+                let now = self.clock.now_ms();
                 let existing = self.read_existing(&tx, slot, now).await?;
                 let step = transition(existing.found(), now);
                 self.apply(&tx, slot, &existing, step.write).await?;
@@ -220,6 +227,9 @@ impl<E: Engine> FdbStore<E> {
     async fn write_record(&self, tx: &E::Tx, slot: &Slot, old: Option<&Record>, new: &Record) -> Result<(), TxError> {
         let bytes = encode_record(new);
         let chunks: Vec<&[u8]> = bytes.chunks(RECORD_CHUNK_BYTES_MAX).collect();
+        // A record is at least its version byte, so it has a first chunk,
+        // which is what read_record_bytes takes as "the record exists".
+        assert!(!chunks.is_empty(), "an encoded record has at least one chunk");
         if chunks.len() > RECORD_CHUNKS_MAX {
             let detail = format!(
                 "record of {} bytes needs more than {RECORD_CHUNKS_MAX} chunks",
@@ -253,8 +263,8 @@ impl<E: Engine> FdbStore<E> {
     async fn purge_shard_batch(&self, shard: u16, limit: usize) -> Result<PurgeBatch, StoreError> {
         self.engine
             .run(self.run_options, |tx, _maybe_committed: MaybeCommitted| async move {
-                let started = Instant::now();
-                let now = now_ms();
+                let started_ms = self.clock.monotonic_ms();
+                let now = self.clock.now_ms();
                 let (begin, end) = self.layout.expiry_due_range(shard, now);
                 let entries = tx.get_range(&begin, &end, limit).await?;
                 let mut batch = PurgeBatch {
@@ -262,9 +272,9 @@ impl<E: Engine> FdbStore<E> {
                     ..PurgeBatch::default()
                 };
                 let mut bytes_read = 0;
-                let age_max = Duration::from_millis(PURGE_TRANSACTION_MS_MAX);
                 for (index_key, _) in &entries {
-                    let full = bytes_read >= PURGE_READ_BYTES_PER_TRANSACTION_MAX || started.elapsed() >= age_max;
+                    let age_ms = self.clock.monotonic_ms().saturating_sub(started_ms);
+                    let full = bytes_read >= PURGE_READ_BYTES_PER_TRANSACTION_MAX || age_ms >= PURGE_TRANSACTION_MS_MAX;
                     if full && batch.entries > 0 {
                         batch.drained = false;
                         break;
@@ -272,6 +282,9 @@ impl<E: Engine> FdbStore<E> {
                     tx.clear(index_key)?;
                     batch.entries += 1;
                     let Some((expires_at_ms, kind, slot)) = self.layout.parse_expiry_key(index_key) else {
+                        // Only this store writes under its prefix: reported
+                        // after the commit, not skipped in silence.
+                        batch.unparsable_entries += 1;
                         continue;
                     };
                     if kind == KIND_RECORD {
@@ -290,6 +303,11 @@ impl<E: Engine> FdbStore<E> {
                         batch.tombstones += u64::from(self.purge_tombstone(&tx, &slot, expires_at_ms, now).await?);
                     }
                 }
+                debug_assert!(
+                    batch.entries <= limit,
+                    "{} entries for a limit of {limit}",
+                    batch.entries
+                );
                 Ok(batch)
             })
             .await
@@ -435,7 +453,16 @@ impl<E: Engine> IdempotencyStore for FdbStore<E> {
                     tracing::error!(%caller, key_sha256 = %digest, "quarantined an unreadable record: \
                         it is no longer purged, and its key answers record_unreadable until it is deleted");
                 }
+                if batch.unparsable_entries > 0 {
+                    tracing::error!(
+                        shard,
+                        entries = batch.unparsable_entries,
+                        "cleared expiry index entries \
+                        whose keys do not parse: something other than this store wrote under its prefix"
+                    );
+                }
                 handled += batch.entries;
+                debug_assert!(handled <= limit, "purged {handled} entries for a limit of {limit}");
                 if batch.drained {
                     break;
                 }

@@ -10,6 +10,13 @@
 //! them into tests for a factory `async fn() -> TestEngine<E>`.
 //! [`ObservedEngine`] wraps any engine to count runs, attempts and
 //! attempts after an unknown commit result, and to slow its reads down.
+//!
+//! Time passes by moving a manual clock: every test's store reads one, so
+//! records expire when a behaviour moves it. The engine's own limit (a
+//! transaction may live 5 s) runs on that clock too on the embedded engine,
+//! and on real time on FoundationDB, where the cluster keeps it: the two
+//! behaviours about it ([`TestEngine::engine_time`]) are the suite's only
+//! real waits there.
 
 use crate::engine::{
     Engine, EngineError, KEY_BYTES_MAX, KeyValue, MaybeCommitted, RunOptions, TRANSACTION_BYTES_MAX,
@@ -21,10 +28,10 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::time::Duration;
+use store_core::testkit::TestTime;
 use store_core::{
-    CallerId, ClaimOutcome, ClaimRequest, Fenced, Fingerprint, IdempotencyKey, IdempotencyStore, Policy, RecordState,
-    SavedResponse, StoreError,
+    CallerId, ClaimOutcome, ClaimRequest, Fenced, Fingerprint, IdempotencyKey, IdempotencyStore, ManualClock, Policy,
+    RecordState, SavedResponse, StoreError, SystemClock,
 };
 
 /// Lease of the purge behaviours' policy.
@@ -44,22 +51,66 @@ pub const FAULT_INTENT_TRIES_MAX: usize = 20;
 pub const SLOW_PURGE_READ_DELAY_MS: u64 = 90;
 pub const SLOW_PURGE_RECORDS: usize = 60;
 
-/// An engine for one test, and the key prefix the test may write under
-/// (fresh per test on a shared cluster, so tests never see each other).
+/// An engine for one test, the key prefix the test may write under (fresh
+/// per test on a shared cluster, so tests never see each other), and the
+/// manual clock its stores read.
 pub struct TestEngine<E: Engine> {
     pub engine: E,
     pub prefix: Vec<u8>,
+    pub clock: Arc<ManualClock>,
+    /// Whether the engine's own time limits run on `clock` too.
+    pub engine_time: EngineTime,
+}
+
+/// What an engine's own time limits (a transaction's 5 s) run on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EngineTime {
+    /// The test's manual clock (the embedded engine reads it).
+    Clock,
+    /// Real time: the FoundationDB cluster keeps it.
+    Wall,
 }
 
 impl<E: Engine> TestEngine<E> {
+    /// A store reading the test's manual clock.
     pub fn store(self, policy: Policy) -> FdbStore<E> {
-        FdbStore::new(self.engine, &self.prefix, policy)
+        let clock = self.clock.clone();
+        FdbStore::new(self.engine, &self.prefix, policy).with_clock(clock)
     }
 
+    /// A store reading the clock the engine's limits run on: the manual
+    /// clock, or on FoundationDB the system's, for behaviours about those
+    /// limits (a purge that must stop before the cluster's 5 s).
+    pub fn store_on_engine_time(self, policy: Policy) -> FdbStore<E> {
+        match self.engine_time {
+            EngineTime::Clock => self.store(policy),
+            EngineTime::Wall => FdbStore::new(self.engine, &self.prefix, policy).with_clock(SystemClock::shared()),
+        }
+    }
+
+    /// Time as the test's stores see it: the manual clock.
+    pub fn time(&self) -> TestTime {
+        TestTime::Manual(self.clock.clone())
+    }
+
+    /// Time as the engine's own limits see it: the manual clock on the
+    /// embedded engine, real time (sleeping) on FoundationDB.
+    pub fn engine_time(&self) -> TestTime {
+        match self.engine_time {
+            EngineTime::Clock => self.time(),
+            EngineTime::Wall => TestTime::Wall,
+        }
+    }
+
+    /// The engine wrapped to count its runs; its read delays pass on the
+    /// engine's time.
     pub fn observed(self) -> TestEngine<ObservedEngine<E>> {
+        let delays = self.engine_time();
         TestEngine {
-            engine: ObservedEngine::new(self.engine),
+            engine: ObservedEngine::new(self.engine, delays),
             prefix: self.prefix,
+            clock: self.clock,
+            engine_time: self.engine_time,
         }
     }
 
@@ -99,14 +150,17 @@ pub struct ObservedEngine<E> {
     inner: E,
     counters: Arc<RunCounters>,
     read_delay_ms: Arc<AtomicU64>,
+    /// What a read delay passes: a manual clock moved, or a real sleep.
+    delays: TestTime,
 }
 
 impl<E: Engine> ObservedEngine<E> {
-    pub fn new(inner: E) -> Self {
+    pub fn new(inner: E, delays: TestTime) -> Self {
         Self {
             inner,
             counters: Arc::default(),
             read_delay_ms: Arc::default(),
+            delays,
         }
     }
 
@@ -125,12 +179,13 @@ impl<E: Engine> ObservedEngine<E> {
 pub struct ObservedTx<T> {
     inner: T,
     read_delay_ms: u64,
+    delays: TestTime,
 }
 
 impl<T: Transaction> ObservedTx<T> {
     async fn delay(&self) {
         if self.read_delay_ms > 0 {
-            tokio::time::sleep(Duration::from_millis(self.read_delay_ms)).await;
+            self.delays.pass(self.read_delay_ms).await;
         }
     }
 }
@@ -175,6 +230,7 @@ impl<E: Engine> Engine for ObservedEngine<E> {
         self.counters.runs.fetch_add(1, Ordering::Relaxed);
         let (counters, body) = (&self.counters, &body);
         let read_delay_ms = self.read_delay_ms.load(Ordering::Relaxed);
+        let delays = &self.delays;
         self.inner
             .run(options, move |tx, maybe_committed| {
                 counters.attempts.fetch_add(1, Ordering::Relaxed);
@@ -185,6 +241,7 @@ impl<E: Engine> Engine for ObservedEngine<E> {
                     ObservedTx {
                         inner: tx,
                         read_delay_ms,
+                        delays: delays.clone(),
                     },
                     maybe_committed,
                 )
@@ -238,19 +295,16 @@ fn keys_in_one_shard<E: Engine>(
         .collect()
 }
 
-async fn sleep_ms(ms: u64) {
-    tokio::time::sleep(Duration::from_millis(ms)).await;
-}
-
 // ---- Purge --------------------------------------------------------------------
 
 pub async fn purge_works_in_bounded_batches_and_tombstones_expire_in_turn<E: Engine>(test: TestEngine<E>) {
+    let time = test.time();
     let store = test.store(purge_policy());
     let caller = caller("purge");
     for i in 0..10 {
         completed(&store, &caller, &key(&format!("k{i}")), done()).await;
     }
-    sleep_ms(PURGE_RETENTION_MS + 50).await;
+    time.pass(PURGE_RETENTION_MS + 50).await;
 
     let first = store.purge_expired(4).await.unwrap();
     assert_eq!((first.records_purged, first.more), (4, true));
@@ -270,7 +324,7 @@ pub async fn purge_works_in_bounded_batches_and_tombstones_expire_in_turn<E: Eng
     assert!(store.abandon(&acquired.lease).await.unwrap().is_applied());
 
     // After the window the tombstones are swept and a new key is just new.
-    sleep_ms(PURGE_TOMBSTONE_MS + 50).await;
+    time.pass(PURGE_TOMBSTONE_MS + 50).await;
     let swept = store.purge_expired(100).await.unwrap();
     assert_eq!((swept.records_purged, swept.tombstones_purged), (0, 10));
     let again = ClaimRequest::new(caller.clone(), key("k1"), Fingerprint([3; 32]));
@@ -280,16 +334,17 @@ pub async fn purge_works_in_bounded_batches_and_tombstones_expire_in_turn<E: Eng
 pub async fn a_record_whose_retention_was_extended_is_not_purged_by_its_old_index_entry<E: Engine>(
     test: TestEngine<E>,
 ) {
+    let time = test.time();
     let store = test.store(purge_policy());
     let caller = caller("purge");
     let request = ClaimRequest::new(caller.clone(), key("slow"), Fingerprint([4; 32]));
     let acquired = acquire(&store, &request).await;
     // Complete just before the claim's expiry: retention restarts from now.
-    sleep_ms(PURGE_RETENTION_MS - 100).await;
+    time.pass(PURGE_RETENTION_MS - 100).await;
     let response = SavedResponse::new(200, vec![], b"late".to_vec()).unwrap();
     let fenced = store.complete(&acquired.lease, response.clone()).await.unwrap();
     assert!(fenced.is_applied());
-    sleep_ms(150).await;
+    time.pass(150).await;
     assert_eq!(store.purge_expired(100).await.unwrap().records_purged, 0);
     assert_eq!(store.claim(&request).await.unwrap(), ClaimOutcome::Replay(response));
 }
@@ -298,6 +353,7 @@ pub async fn a_record_whose_retention_was_extended_is_not_purged_by_its_old_inde
 /// sets it aside (reported once), purges the others, and later runs do not
 /// meet it again; its key answers `Corrupt` (HTTP: 500 `record_unreadable`).
 pub async fn an_unreadable_record_is_quarantined_and_the_purge_goes_on<E: Engine>(test: TestEngine<E>) {
+    let time = test.time();
     let store = test.store(purge_policy());
     let caller = caller("purge");
     for i in 0..5 {
@@ -315,7 +371,7 @@ pub async fn an_unreadable_record_is_quarantined_and_the_purge_goes_on<E: Engine
         })
         .await
         .expect("write the unreadable record");
-    sleep_ms(PURGE_RETENTION_MS + 50).await;
+    time.pass(PURGE_RETENTION_MS + 50).await;
 
     let first = store
         .purge_expired(100)
@@ -341,6 +397,7 @@ pub async fn an_unreadable_record_is_quarantined_and_the_purge_goes_on<E: Engine
 /// Four records of 600 KB in one shard: a purge transaction stops reading
 /// once it has read 1 MB, so that shard takes two transactions.
 pub async fn large_records_are_purged_across_several_byte_bounded_transactions<E: Engine>(test: TestEngine<E>) {
+    let time = test.time();
     let store = test.observed().store(purge_policy_lasting_tombstones());
     let caller = caller("purge-large");
     let keys = keys_in_one_shard(&store, &caller, "big", 4);
@@ -354,7 +411,7 @@ pub async fn large_records_are_purged_across_several_byte_bounded_transactions<E
         )
         .await;
     }
-    sleep_ms(PURGE_RETENTION_MS + 50).await;
+    time.pass(PURGE_RETENTION_MS + 50).await;
     let runs_before = store.engine().counters().runs.load(Ordering::Relaxed);
     let report = store.purge_expired(100).await.unwrap();
     let runs = store.engine().counters().runs.load(Ordering::Relaxed) - runs_before;
@@ -378,12 +435,15 @@ pub async fn a_slow_purge_is_split_before_five_seconds<E: Engine>(test: TestEngi
         records_ms > TRANSACTION_MS_MAX,
         "the behaviour needs a batch that would pass 5 s"
     );
-    let store = test.observed().store(purge_policy_lasting_tombstones());
+    // On FoundationDB the cluster's 5 s is real: the store then times its
+    // purge by the system's clock, and the reads really wait.
+    let time = test.engine_time();
+    let store = test.observed().store_on_engine_time(purge_policy_lasting_tombstones());
     let caller = caller("purge-slow");
     for key in keys_in_one_shard(&store, &caller, "slow", SLOW_PURGE_RECORDS) {
         completed(&store, &caller, &key, done()).await;
     }
-    sleep_ms(PURGE_RETENTION_MS + 50).await;
+    time.pass(PURGE_RETENTION_MS + 50).await;
     store.engine().delay_reads(SLOW_PURGE_READ_DELAY_MS);
     let runs_before = store.engine().counters().runs.load(Ordering::Relaxed);
     let report = store
@@ -606,6 +666,7 @@ pub async fn foundationdb_limits_are_enforced_with_its_error_kinds<E: Engine>(te
 
 pub async fn a_transaction_older_than_five_seconds_is_too_old<E: Engine>(test: TestEngine<E>) {
     let key = &test.key(b"old");
+    let time = &test.engine_time();
     let options = RunOptions {
         retry_limit: 1,
         timeout_ms: 10_000,
@@ -614,7 +675,7 @@ pub async fn a_transaction_older_than_five_seconds_is_too_old<E: Engine>(test: T
         .engine
         .run(options, |tx, _| async move {
             tx.get(key).await?;
-            sleep_ms(TRANSACTION_MS_MAX + 100).await;
+            time.pass(TRANSACTION_MS_MAX + 100).await;
             tx.set(key, b"v")?;
             Ok(())
         })
@@ -688,12 +749,17 @@ macro_rules! store_tests {
 
 // ---- Factories ----------------------------------------------------------------
 
-/// An embedded engine in a fresh temporary directory.
+/// An embedded engine in a fresh temporary directory, on a manual clock
+/// that its transaction ages are measured on too.
 pub async fn embedded() -> TestEngine<crate::EmbeddedEngine> {
-    let engine = crate::EmbeddedEngine::open(&crate::EmbeddedConfig::temporary()).expect("open embedded engine");
+    let clock = ManualClock::starting_now();
+    let engine = crate::EmbeddedEngine::open_with_clock(&crate::EmbeddedConfig::temporary(), clock.clone())
+        .expect("open embedded engine");
     TestEngine {
         engine,
         prefix: crate::KEY_PREFIX_DEFAULT.to_vec(),
+        clock,
+        engine_time: EngineTime::Clock,
     }
 }
 
@@ -702,11 +768,11 @@ pub use self::foundationdb::{TEST_PREFIX_START, foundationdb, foundationdb_store
 
 #[cfg(feature = "foundationdb")]
 mod foundationdb {
-    use super::TestEngine;
+    use super::{EngineTime, TestEngine};
     use crate::engine::{Engine, RunOptions, Transaction, TxError};
     use crate::{FoundationDbEngine, FoundationDbNetwork, FoundationDbStore};
     use std::time::Duration;
-    use store_core::Policy;
+    use store_core::{ManualClock, Policy, SharedClock};
 
     /// How long the first ping of a test may take before the cluster counts
     /// as unreachable.
@@ -737,7 +803,12 @@ see store-fdb/FOUNDATIONDB.md";
         let network = FoundationDbNetwork::start().unwrap_or_else(|error| cluster_unavailable("network", error));
         let engine = FoundationDbEngine::open(network, None).unwrap_or_else(|error| cluster_unavailable("open", error));
         let prefix = format!("{TEST_PREFIX_START}{:016x}", rand::random::<u64>()).into_bytes();
-        let test = TestEngine { engine, prefix };
+        let test = TestEngine {
+            engine,
+            prefix,
+            clock: ManualClock::starting_now(),
+            engine_time: EngineTime::Wall,
+        };
         let probe = &test.key(b"ping");
         // Retryable errors are tried again within the time limit: a test
         // binary with FoundationDB's client fault injection on gets them.
@@ -762,10 +833,11 @@ see store-fdb/FOUNDATIONDB.md";
         }
     }
 
-    /// A store for store-core's conformance suite, under a fresh prefix.
-    pub async fn foundationdb_store(policy: Policy) -> store_core::testkit::SharedStore {
+    /// A store for store-core's conformance suite, under a fresh prefix,
+    /// reading the suite's clock (FoundationDB has none of its own).
+    pub async fn foundationdb_store(policy: Policy, clock: SharedClock) -> store_core::testkit::SharedStore {
         let test = foundationdb().await;
-        let store: FoundationDbStore = test.store(policy);
+        let store: FoundationDbStore = test.store(policy).with_clock(clock);
         std::sync::Arc::new(store)
     }
 }

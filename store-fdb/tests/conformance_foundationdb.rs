@@ -10,4 +10,4 @@
 //! store-fdb/FOUNDATIONDB.md.
 #![cfg(feature = "foundationdb")]
 
-store_core::conformance_tests!(store_fdb::testkit::foundationdb_store);
+store_core::conformance_tests!(clocked: store_fdb::testkit::foundationdb_store);

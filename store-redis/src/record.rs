@@ -37,8 +37,10 @@ pub fn encode_response(response: &SavedResponse) -> Vec<u8> {
     };
     let mut bytes = vec![RESPONSE_FORMAT_VERSION];
     // Serialising plain borrowed data into a Vec has no failure mode but
-    // allocation, which aborts anyway.
-    bytes.extend_from_slice(&postcard::to_stdvec(&fields).unwrap_or_default());
+    // allocation, which aborts anyway. Were it ever to fail, the version byte
+    // alone would be saved as the response: stop loudly instead.
+    let body = postcard::to_stdvec(&fields).expect("postcard serialises a response into a Vec");
+    bytes.extend_from_slice(&body);
     bytes
 }
 

@@ -2,11 +2,18 @@
 //! [`crate::machine`], and a property test that runs random operation
 //! sequences against a live store and the model side by side.
 //!
-//! The model has no clock: leases are long (a minute), so a lease ends only
-//! by `release`. Time-driven transitions are covered by the behaviours in
-//! the parent module.
+//! On a store that reads a manual clock ([`TestTime::Manual`]) the sequences
+//! also move time, by amounts that land on the edges (a lease's last
+//! millisecond, its end, the end of retention), and the model decides lease
+//! expiry, takeover and late keys by its own arithmetic; the lease and
+//! expiry of every stored record must then match it to the millisecond. On a
+//! wall clock (Redis, PostgreSQL) time does not move within a sequence:
+//! leases are long (a minute), so a lease ends only by `release`, and
+//! time-driven transitions are covered by the behaviours in the parent
+//! module.
 
-use super::{SharedStore, key, response, unique_caller};
+use super::{SharedStore, Subject, TestTime, key, response, unique_caller};
+use crate::clock::Clock;
 use crate::outcome::{ClaimOutcome, ClaimRequest, Fenced, HeldLease};
 use crate::types::{CallerId, Fingerprint, LeaseToken, Policy, RecordState, RecoveryPoint};
 use proptest::prelude::*;
@@ -19,29 +26,71 @@ use std::pin::Pin;
 pub const MODEL_CASES_DEFAULT: u32 = 48;
 const KEYS: usize = 3;
 const BODIES: usize = 2;
+const MODEL_LEASE_MS: u64 = 60_000;
+const MODEL_RETENTION_MS: u64 = 120_000;
 
 pub fn model_policy() -> Policy {
-    Policy::new(60_000, 120_000, 60_000).expect("model policy is valid")
+    Policy::new(MODEL_LEASE_MS, MODEL_RETENTION_MS, 60_000).expect("model policy is valid")
 }
 
 #[derive(Debug, Clone)]
 enum Op {
-    Claim { key: usize, body: usize },
-    Checkpoint { attempt: usize, point: u8 },
-    Complete { attempt: usize, response: u8 },
-    Release { attempt: usize },
-    Abandon { attempt: usize },
-    Inspect { key: usize },
+    Claim {
+        key: usize,
+        body: usize,
+    },
+    Checkpoint {
+        attempt: usize,
+        point: u8,
+    },
+    Complete {
+        attempt: usize,
+        response: u8,
+    },
+    Release {
+        attempt: usize,
+    },
+    Abandon {
+        attempt: usize,
+    },
+    Inspect {
+        key: usize,
+    },
+    /// Moves the manual clock forward.
+    Advance {
+        ms: u64,
+    },
 }
 
-fn op_strategy() -> impl Strategy<Value = Op> {
-    prop_oneof![
+fn op_strategy(time_moves: bool) -> BoxedStrategy<Op> {
+    let without_time = prop_oneof![
         3 => (0..KEYS, 0..BODIES).prop_map(|(key, body)| Op::Claim { key, body }),
         1 => (any::<usize>(), any::<u8>()).prop_map(|(attempt, point)| Op::Checkpoint { attempt, point }),
         2 => (any::<usize>(), any::<u8>()).prop_map(|(attempt, response)| Op::Complete { attempt, response }),
         1 => any::<usize>().prop_map(|attempt| Op::Release { attempt }),
         1 => any::<usize>().prop_map(|attempt| Op::Abandon { attempt }),
         1 => (0..KEYS).prop_map(|key| Op::Inspect { key }),
+    ];
+    if !time_moves {
+        return without_time.boxed();
+    }
+    prop_oneof![
+        9 => without_time,
+        2 => advance_strategy().prop_map(|ms| Op::Advance { ms }),
+    ]
+    .boxed()
+}
+
+/// Steps that land on the edges: a lease's last millisecond and its end,
+/// retention's, and anything in between.
+fn advance_strategy() -> impl Strategy<Value = u64> {
+    prop_oneof![
+        Just(1),
+        Just(MODEL_LEASE_MS - 1),
+        Just(MODEL_LEASE_MS),
+        Just(MODEL_RETENTION_MS - MODEL_LEASE_MS),
+        Just(MODEL_RETENTION_MS),
+        0..2 * MODEL_RETENTION_MS,
     ]
 }
 
@@ -49,7 +98,7 @@ fn op_strategy() -> impl Strategy<Value = Op> {
 enum ModelState {
     Started {
         token: LeaseToken,
-        live: bool,
+        locked_until_ms: u64,
         point: Option<u8>,
     },
     Completed {
@@ -62,34 +111,58 @@ enum ModelState {
 struct ModelRecord {
     body: usize,
     state: ModelState,
+    expires_at_ms: u64,
+}
+
+impl ModelRecord {
+    fn is_live(&self, now_ms: u64) -> bool {
+        now_ms < self.expires_at_ms
+    }
 }
 
 #[derive(Default)]
 struct Model {
+    /// Every record as stored, expired ones included (a store keeps them
+    /// until a purge, and a model sequence never purges).
     records: HashMap<usize, ModelRecord>,
 }
 
 /// What the model expects a claim to answer.
 #[derive(Debug, PartialEq)]
 enum Expected {
-    Acquired { takeover: bool, point: Option<u8> },
+    Acquired {
+        takeover: bool,
+        point: Option<u8>,
+        late: bool,
+    },
     Replay(u8),
-    InProgress,
+    InProgress {
+        retry_after_ms: u64,
+    },
     Mismatch,
 }
 
 impl Model {
-    fn claim(&mut self, key: usize, body: usize, token: LeaseToken) -> Expected {
-        let Some(record) = self.records.get_mut(&key) else {
-            let state = ModelState::Started {
-                token,
-                live: true,
-                point: None,
+    fn claim(&mut self, key: usize, body: usize, token: LeaseToken, now_ms: u64) -> Expected {
+        let fresh = |point| ModelState::Started {
+            token,
+            locked_until_ms: now_ms + MODEL_LEASE_MS,
+            point,
+        };
+        let Some(record) = self.records.get_mut(&key).filter(|record| record.is_live(now_ms)) else {
+            // Absent, or expired: counts as absent, and a claim over an
+            // expired record is late.
+            let late = self.records.contains_key(&key);
+            let record = ModelRecord {
+                body,
+                state: fresh(None),
+                expires_at_ms: now_ms + MODEL_RETENTION_MS,
             };
-            self.records.insert(key, ModelRecord { body, state });
+            self.records.insert(key, record);
             return Expected::Acquired {
                 takeover: false,
                 point: None,
+                late,
             };
         };
         if record.body != body {
@@ -97,24 +170,32 @@ impl Model {
         }
         match record.state.clone() {
             ModelState::Completed { response, .. } => Expected::Replay(response),
-            ModelState::Started { live: true, .. } => Expected::InProgress,
-            ModelState::Started { live: false, point, .. } => {
-                record.state = ModelState::Started {
-                    token,
-                    live: true,
+            ModelState::Started { locked_until_ms, .. } if now_ms < locked_until_ms => Expected::InProgress {
+                retry_after_ms: locked_until_ms - now_ms,
+            },
+            ModelState::Started { point, .. } => {
+                record.state = fresh(point);
+                record.expires_at_ms = record.expires_at_ms.max(now_ms + MODEL_RETENTION_MS);
+                Expected::Acquired {
+                    takeover: true,
                     point,
-                };
-                Expected::Acquired { takeover: true, point }
+                    late: false,
+                }
             }
         }
     }
 
-    fn holds(&self, key: usize, token: LeaseToken) -> bool {
-        matches!(self.records.get(&key), Some(ModelRecord { state: ModelState::Started { token: t, .. }, .. }) if *t == token)
+    /// The live started record whose lease `token` holds: tokens are
+    /// checked, not clocks, so an expired lease nobody took over still holds.
+    fn held(&mut self, key: usize, token: LeaseToken, now_ms: u64) -> Option<&mut ModelRecord> {
+        self.records.get_mut(&key).filter(|record| {
+            record.is_live(now_ms) && matches!(record.state, ModelState::Started { token: t, .. } if t == token)
+        })
     }
 
-    fn fenced(&mut self, op: &Op, key: usize, token: LeaseToken) -> bool {
-        if matches!(op, Op::Abandon { .. }) && !self.records.contains_key(&key) {
+    fn fenced(&mut self, op: &Op, key: usize, token: LeaseToken, now_ms: u64) -> bool {
+        let live = self.records.get(&key).filter(|record| record.is_live(now_ms));
+        if matches!(op, Op::Abandon { .. }) && live.is_none() {
             return true;
         }
         if let (
@@ -123,14 +204,13 @@ impl Model {
                 state: ModelState::Completed { by, .. },
                 ..
             }),
-        ) = (op, self.records.get(&key))
+        ) = (op, live)
         {
             return *by == token;
         }
-        if !self.holds(key, token) {
+        let Some(record) = self.held(key, token, now_ms) else {
             return false;
-        }
-        let record = self.records.get_mut(&key).expect("held record exists");
+        };
         match op {
             Op::Checkpoint { point, .. } => {
                 if let ModelState::Started { point: p, .. } = &mut record.state {
@@ -141,20 +221,27 @@ impl Model {
                 record.state = ModelState::Completed {
                     response: *response,
                     by: token,
-                }
+                };
+                record.expires_at_ms = now_ms + MODEL_RETENTION_MS;
             }
             Op::Release { .. } => {
-                if let ModelState::Started { live, .. } = &mut record.state {
-                    *live = false;
+                if let ModelState::Started { locked_until_ms, .. } = &mut record.state {
+                    *locked_until_ms = (*locked_until_ms).min(now_ms);
                 }
             }
             Op::Abandon { .. } => {
                 self.records.remove(&key);
             }
-            Op::Claim { .. } | Op::Inspect { .. } => unreachable!("not a fenced operation"),
+            Op::Claim { .. } | Op::Inspect { .. } | Op::Advance { .. } => unreachable!("not a fenced operation"),
         }
         true
     }
+}
+
+/// The model's reading of time: the store's manual clock, or, on a wall
+/// clock, a time that stands still (nothing expires within a sequence).
+fn model_now_ms(time: &TestTime) -> u64 {
+    time.manual_clock().map_or(0, |clock| clock.now_ms())
 }
 
 fn body_fingerprint(body: usize) -> Fingerprint {
@@ -177,7 +264,7 @@ fn check(condition: bool, message: impl FnOnce() -> String) -> Result<(), TestCa
     }
 }
 
-async fn run_sequence(store: &SharedStore, ops: &[Op]) -> Result<(), TestCaseError> {
+async fn run_sequence(store: &SharedStore, time: &TestTime, ops: &[Op]) -> Result<(), TestCaseError> {
     let caller = unique_caller();
     let mut model = Model::default();
     let mut attempts: Vec<(usize, HeldLease)> = Vec::new();
@@ -186,7 +273,7 @@ async fn run_sequence(store: &SharedStore, ops: &[Op]) -> Result<(), TestCaseErr
         match op {
             Op::Claim { key: k, body } => {
                 let request = ClaimRequest::new(caller.clone(), key(&key_text(*k)), body_fingerprint(*body));
-                let expected = model.claim(*k, *body, request.token);
+                let expected = model.claim(*k, *body, request.token, model_now_ms(time));
                 let actual = store
                     .claim(&request)
                     .await
@@ -198,28 +285,36 @@ async fn run_sequence(store: &SharedStore, ops: &[Op]) -> Result<(), TestCaseErr
                         Expected::Acquired {
                             takeover: acquired.takeover,
                             point,
+                            late: acquired.late_key,
                         }
                     }
                     ClaimOutcome::Replay(saved) => Expected::Replay(*saved.body().last().unwrap_or(&0)),
-                    ClaimOutcome::InProgress { .. } => Expected::InProgress,
+                    // On a wall clock the model cannot know the time left.
+                    ClaimOutcome::InProgress { retry_after_ms } => Expected::InProgress {
+                        retry_after_ms: match time {
+                            TestTime::Manual(_) => retry_after_ms,
+                            TestTime::Wall => expected_retry_after(&expected),
+                        },
+                    },
                     ClaimOutcome::Mismatch => Expected::Mismatch,
                 };
                 check(actual == expected, || {
                     format!("{}: store {actual:?}, model {expected:?}", context())
                 })?;
             }
-            Op::Inspect { key: k } => inspect_matches(store, &caller, &model, *k, &context()).await?,
+            Op::Inspect { key: k } => inspect_matches(store, &caller, &model, time, *k, &context()).await?,
+            Op::Advance { ms } => time.pass(*ms).await,
             fenced => {
                 let Some((k, lease)) = pick(&attempts, fenced) else {
                     continue;
                 };
-                let expected = model.fenced(fenced, k, lease.token);
+                let expected = model.fenced(fenced, k, lease.token, model_now_ms(time));
                 let result = match fenced {
                     Op::Checkpoint { point, .. } => store.checkpoint(&lease, point_bytes(*point)).await,
                     Op::Complete { response: r, .. } => store.complete(&lease, response(*r)).await,
                     Op::Release { .. } => store.release(&lease).await,
                     Op::Abandon { .. } => store.abandon(&lease).await,
-                    Op::Claim { .. } | Op::Inspect { .. } => unreachable!("handled above"),
+                    Op::Claim { .. } | Op::Inspect { .. } | Op::Advance { .. } => unreachable!("handled above"),
                 };
                 let actual =
                     result.map_err(|e| TestCaseError::fail(format!("{}: {e}", context())))? == Fenced::Applied(());
@@ -230,9 +325,16 @@ async fn run_sequence(store: &SharedStore, ops: &[Op]) -> Result<(), TestCaseErr
         }
     }
     for k in 0..KEYS {
-        inspect_matches(store, &caller, &model, k, "final").await?;
+        inspect_matches(store, &caller, &model, time, k, "final").await?;
     }
     Ok(())
+}
+
+fn expected_retry_after(expected: &Expected) -> u64 {
+    match expected {
+        Expected::InProgress { retry_after_ms } => *retry_after_ms,
+        _ => 0,
+    }
 }
 
 fn pick(attempts: &[(usize, HeldLease)], op: &Op) -> Option<(usize, HeldLease)> {
@@ -241,7 +343,7 @@ fn pick(attempts: &[(usize, HeldLease)], op: &Op) -> Option<(usize, HeldLease)> 
         | Op::Complete { attempt, .. }
         | Op::Release { attempt }
         | Op::Abandon { attempt } => *attempt,
-        Op::Claim { .. } | Op::Inspect { .. } => return None,
+        Op::Claim { .. } | Op::Inspect { .. } | Op::Advance { .. } => return None,
     };
     if attempts.is_empty() {
         None
@@ -254,6 +356,7 @@ async fn inspect_matches(
     store: &SharedStore,
     caller: &CallerId,
     model: &Model,
+    time: &TestTime,
     k: usize,
     context: &str,
 ) -> Result<(), TestCaseError> {
@@ -262,13 +365,25 @@ async fn inspect_matches(
         .await
         .map_err(|e| TestCaseError::fail(e.to_string()))?;
     let expected = model.records.get(&k);
+    // Times are compared only where the model knows them: on a manual clock.
+    let times_known = matches!(time, TestTime::Manual(_));
     let same = match (&stored, expected) {
         (None, None) => true,
         (Some(record), Some(model_record)) => {
             record.fingerprint == body_fingerprint(model_record.body)
+                && (!times_known || record.expires_at_ms == model_record.expires_at_ms)
                 && match (&record.state, &model_record.state) {
-                    (RecordState::Started { lease, recovery_point }, ModelState::Started { token, point, .. }) => {
-                        lease.token == *token && recovery_point.as_ref().map(|p| p.as_bytes()[0]) == *point
+                    (
+                        RecordState::Started { lease, recovery_point },
+                        ModelState::Started {
+                            token,
+                            locked_until_ms,
+                            point,
+                        },
+                    ) => {
+                        lease.token == *token
+                            && (!times_known || lease.locked_until_ms == *locked_until_ms)
+                            && recovery_point.as_ref().map(|p| p.as_bytes()[0]) == *point
                     }
                     (
                         RecordState::Completed {
@@ -290,7 +405,7 @@ async fn inspect_matches(
 /// Runs random sequences of operations against the store and the model.
 pub fn check_against_model<F>(make: F)
 where
-    F: Fn(Policy) -> Pin<Box<dyn Future<Output = SharedStore>>>,
+    F: Fn(Policy) -> Pin<Box<dyn Future<Output = Subject>>>,
 {
     let cases = std::env::var("IDEM_MODEL_CASES")
         .ok()
@@ -301,14 +416,15 @@ where
         .enable_all()
         .build()
         .expect("runtime");
-    let store = runtime.block_on(make(model_policy()));
+    let Subject { store, time } = runtime.block_on(make(model_policy()));
+    let time_moves = matches!(time, TestTime::Manual(_));
     let mut runner = TestRunner::new(Config {
         cases,
         failure_persistence: None,
         ..Config::default()
     });
-    let result = runner.run(&proptest::collection::vec(op_strategy(), 1..40), |ops| {
-        runtime.block_on(run_sequence(&store, &ops))
+    let result = runner.run(&proptest::collection::vec(op_strategy(time_moves), 1..40), |ops| {
+        runtime.block_on(run_sequence(&store, &time, &ops))
     });
     if let Err(failure) = result {
         panic!("store disagrees with the reference model: {failure}");

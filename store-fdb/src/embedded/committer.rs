@@ -1,0 +1,334 @@
+//! Group commit on one thread of its own: every waiting commit goes into
+//! the journal, then one sync covers them all before any is acknowledged.
+
+use super::config::Durability;
+use fjall::OptimisticTxDatabase;
+use fjall::OptimisticWriteTx as WriteTransaction;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, mpsc};
+use tokio::sync::oneshot;
+
+/// What the committer thread answers: `Ok(true)` committed (and durable,
+/// when the durability asks for it), `Ok(false)` a conflict (nothing was
+/// written), `Err` an I/O failure during the commit or the sync (unknown).
+type CommitAnswer = Result<bool, String>;
+
+/// One request to the committer thread.
+struct CommitRequest {
+    /// `None` for a read-only transaction: nothing to commit, but what it
+    /// read must be durable before it is acknowledged.
+    transaction: Option<WriteTransaction>,
+    answer: oneshot::Sender<CommitAnswer>,
+}
+
+/// Group commit on one thread of its own. Every commit is handed to it; it
+/// takes all the requests that are waiting, commits them one after another
+/// into the journal's OS buffers, runs one fdatasync for all of them (when
+/// the durability asks for it), and only then answers each. Commits that
+/// arrive during a sync wait for the next one, so under load many commits
+/// share one sync, and a commit costs one hand-off instead of a blocking
+/// thread of its own. (fjall syncs a journal before rotating it, so a sync
+/// never misses a commit that landed in the previous journal.)
+pub(super) struct Committer {
+    /// `None` once the engine is being dropped, which ends the thread.
+    requests: Option<mpsc::Sender<CommitRequest>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    pub(super) watermarks: Arc<Watermarks>,
+    durable_commits: bool,
+}
+
+/// Counts of write commits, so a read-only transaction can tell whether
+/// anything it may have read is not durable yet. Only the committer thread
+/// moves them.
+#[derive(Default)]
+pub(super) struct Watermarks {
+    /// Write commits started, counted before each becomes visible.
+    pub(super) started: AtomicU64,
+    /// Every write commit counted up to here is durable.
+    pub(super) durable: AtomicU64,
+    /// Syncs run, for tests.
+    pub(super) syncs: AtomicU64,
+    /// Set when a commit or a sync failed: fjall takes no more writes on
+    /// this opening of the database.
+    pub(super) failed: AtomicBool,
+}
+
+impl Committer {
+    pub(super) fn start(database: OptimisticTxDatabase, durability: Durability) -> std::io::Result<Self> {
+        let (requests, queue) = mpsc::channel();
+        let watermarks = Arc::new(Watermarks::default());
+        let sync_mode = durability.sync_mode();
+        let thread_watermarks = watermarks.clone();
+        let thread = std::thread::Builder::new()
+            .name("idem-embedded-commit".to_owned())
+            .spawn(move || {
+                let sync = sync_mode.map(|mode| move || database.persist(mode));
+                run_committer(&queue, &thread_watermarks, sync);
+            })?;
+        Ok(Self {
+            requests: Some(requests),
+            thread: Some(thread),
+            watermarks,
+            durable_commits: sync_mode.is_some(),
+        })
+    }
+
+    /// Hands a request to the thread and waits for its answer.
+    pub(super) async fn submit(&self, transaction: Option<WriteTransaction>) -> CommitAnswer {
+        let (answer, answered) = oneshot::channel();
+        let request = CommitRequest { transaction, answer };
+        let sent = match &self.requests {
+            Some(requests) => requests.send(request).is_ok(),
+            None => false,
+        };
+        if !sent {
+            return Err("the committer thread has stopped".to_owned());
+        }
+        answered
+            .await
+            .unwrap_or_else(|_| Err("the committer thread dropped a commit".to_owned()))
+    }
+
+    /// True when every write commit that a read could have seen is durable
+    /// already (always, without durable commits): a read-only transaction
+    /// then needs no sync. Called after the transaction's reads: a commit
+    /// they saw was counted in `started` before it became visible.
+    pub(super) fn reads_are_durable(&self) -> bool {
+        let started = self.watermarks.started.load(Ordering::SeqCst);
+        !self.durable_commits || self.watermarks.durable.load(Ordering::SeqCst) >= started
+    }
+}
+
+impl Drop for Committer {
+    fn drop(&mut self) {
+        // Closing the channel ends the thread once it has answered every
+        // request; joining it releases its handle on the database, so the
+        // directory can be opened again at once.
+        self.requests = None;
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Most requests one batch takes: one sync covers at most this many
+/// commits, so a burst cannot keep every commit of it waiting on a sync
+/// behind an unbounded journal write. Commits left in the queue go into the
+/// next batch at once.
+pub(super) const COMMIT_BATCH_MAX: usize = 1_024;
+
+/// The committer thread: batches until the channel closes. `sync` is `None`
+/// when commits need no sync (`Durability::Buffer`).
+fn run_committer(
+    queue: &mpsc::Receiver<CommitRequest>,
+    watermarks: &Watermarks,
+    sync: Option<impl Fn() -> Result<(), fjall::Error>>,
+) {
+    while let Ok(first) = queue.recv() {
+        let mut batch = vec![first];
+        batch.extend(queue.try_iter().take(COMMIT_BATCH_MAX - 1));
+        assert!(
+            (1..=COMMIT_BATCH_MAX).contains(&batch.len()),
+            "a batch holds 1 to {COMMIT_BATCH_MAX} requests"
+        );
+        let durable_before = watermarks.durable.load(Ordering::SeqCst);
+        let mut answers: Vec<_> = batch
+            .into_iter()
+            .map(|request| {
+                let answer = commit_one(request.transaction, watermarks);
+                (request.answer, answer)
+            })
+            .collect();
+        let started = watermarks.started.load(Ordering::SeqCst);
+        // Only this thread moves the watermarks: what is durable never runs
+        // ahead of what was started, nor goes back.
+        assert!(
+            durable_before <= started && durable_before == watermarks.durable.load(Ordering::SeqCst),
+            "durable watermark {durable_before} against started {started}"
+        );
+        // Only commits since the last sync need one; a batch of read-only
+        // requests whose reads are covered already goes without.
+        let synced = match &sync {
+            Some(sync) if watermarks.durable.load(Ordering::SeqCst) < started => {
+                watermarks.syncs.fetch_add(1, Ordering::Relaxed);
+                sync()
+            }
+            _ => Ok(()),
+        };
+        match synced {
+            Ok(()) => watermarks.durable.store(started, Ordering::SeqCst),
+            // A failed sync leaves every commit of the batch, and every read
+            // waiting on it, unknown.
+            Err(error) => {
+                watermarks.failed.store(true, Ordering::SeqCst);
+                for (_, answer) in &mut answers {
+                    if !matches!(answer, Ok(false)) {
+                        *answer = Err(format!("sync failed: {error}"));
+                    }
+                }
+            }
+        }
+        for (sender, answer) in answers {
+            // A caller that stopped waiting has nothing to be told.
+            let _ = sender.send(answer);
+        }
+    }
+}
+
+/// Commits one transaction into the journal's OS buffers, counting it as
+/// started before it can become visible.
+fn commit_one(transaction: Option<WriteTransaction>, watermarks: &Watermarks) -> CommitAnswer {
+    let Some(transaction) = transaction else {
+        return Ok(true);
+    };
+    watermarks.started.fetch_add(1, Ordering::SeqCst);
+    match transaction.commit() {
+        Ok(Ok(())) => Ok(true),
+        Ok(Err(_conflict)) => Ok(false),
+        Err(error) => {
+            watermarks.failed.store(true, Ordering::SeqCst);
+            Err(error.to_string())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::config::EmbeddedConfig;
+    use super::super::tests::open_database;
+    use super::super::{EmbeddedEngine, KEYSPACE_NAME};
+    use super::*;
+    use fjall::{KeyspaceCreateOptions, PersistMode};
+    use std::sync::Mutex;
+
+    /// A fresh fjall database with one written, uncommitted transaction per
+    /// request, queued for the committer.
+    fn queued_writes(
+        count: usize,
+    ) -> (
+        OptimisticTxDatabase,
+        mpsc::Receiver<CommitRequest>,
+        Vec<oneshot::Receiver<CommitAnswer>>,
+    ) {
+        let database = OptimisticTxDatabase::builder(EmbeddedConfig::temporary().path)
+            .temporary(true)
+            .open()
+            .unwrap();
+        let keyspace = database
+            .keyspace(KEYSPACE_NAME, KeyspaceCreateOptions::default)
+            .unwrap();
+        let (requests, queue) = mpsc::channel();
+        let mut answers = Vec::new();
+        for n in 0..count {
+            let mut transaction = database.write_tx().unwrap();
+            transaction.insert(&keyspace, format!("key-{n}"), "value");
+            let (answer, answered) = oneshot::channel();
+            requests
+                .send(CommitRequest {
+                    transaction: Some(transaction),
+                    answer,
+                })
+                .unwrap();
+            answers.push(answered);
+        }
+        (database, queue, answers)
+    }
+
+    #[test]
+    fn waiting_commits_share_one_sync_and_none_is_answered_before_it() {
+        const COMMITS: usize = 20;
+        let (database, queue, answers) = queued_writes(COMMITS);
+        let answers = Mutex::new(answers);
+        let watermarks = Watermarks::default();
+        let sync = || {
+            for answered in answers.lock().unwrap().iter_mut() {
+                assert!(answered.try_recv().is_err(), "a commit was answered before its sync");
+            }
+            database.persist(PersistMode::SyncData)
+        };
+        // The channel closes when the queue is drained: the thread's loop ends.
+        run_committer(&queue, &watermarks, Some(sync));
+        for mut answered in answers.into_inner().unwrap() {
+            assert_eq!(answered.try_recv().unwrap(), Ok(true));
+        }
+        assert_eq!(watermarks.syncs.load(Ordering::SeqCst), 1);
+        assert_eq!(watermarks.started.load(Ordering::SeqCst), COMMITS as u64);
+        assert_eq!(watermarks.durable.load(Ordering::SeqCst), COMMITS as u64);
+    }
+
+    #[test]
+    fn a_burst_larger_than_a_batch_is_synced_in_two() {
+        let (_database, queue, answers) = queued_writes(COMMIT_BATCH_MAX + 1);
+        let watermarks = Watermarks::default();
+        let syncs_seen = std::sync::atomic::AtomicUsize::new(0);
+        let sync = || {
+            syncs_seen.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        };
+        run_committer(&queue, &watermarks, Some(sync));
+        for mut answered in answers {
+            assert_eq!(answered.try_recv().unwrap(), Ok(true));
+        }
+        assert_eq!(
+            syncs_seen.load(Ordering::SeqCst),
+            2,
+            "one sync per batch of at most {COMMIT_BATCH_MAX}"
+        );
+        assert_eq!(watermarks.durable.load(Ordering::SeqCst), COMMIT_BATCH_MAX as u64 + 1);
+    }
+
+    #[test]
+    fn a_failed_sync_leaves_every_commit_of_its_batch_unknown_and_nothing_durable() {
+        let (_database, queue, answers) = queued_writes(3);
+        let watermarks = Watermarks::default();
+        run_committer(&queue, &watermarks, Some(|| Err(fjall::Error::Poisoned)));
+        for mut answered in answers {
+            assert!(answered.try_recv().unwrap().is_err());
+        }
+        assert_eq!(watermarks.durable.load(Ordering::SeqCst), 0);
+        assert!(
+            watermarks.failed.load(Ordering::SeqCst),
+            "the opening is marked for reopening"
+        );
+    }
+
+    #[tokio::test]
+    async fn reads_wait_only_for_commits_not_yet_durable() {
+        let engine = EmbeddedEngine::open(&EmbeddedConfig::temporary()).unwrap();
+        let database = open_database(&engine);
+        let committer = &database.committer;
+        assert!(committer.reads_are_durable(), "nothing written yet");
+        let watermarks = &committer.watermarks;
+        // A commit counted as started but not yet synced: a read may have seen it.
+        watermarks.started.fetch_add(1, Ordering::SeqCst);
+        assert!(!committer.reads_are_durable());
+        // The read's barrier makes the committer sync what was started.
+        committer.submit(None).await.unwrap();
+        assert!(committer.reads_are_durable());
+        assert_eq!(watermarks.syncs.load(Ordering::SeqCst), 1);
+        // A barrier with nothing new to cover runs no sync.
+        committer.submit(None).await.unwrap();
+        assert_eq!(watermarks.syncs.load(Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn dropping_the_committer_ends_its_thread_and_releases_the_database() {
+        let database = OptimisticTxDatabase::builder(EmbeddedConfig::temporary().path)
+            .temporary(true)
+            .open()
+            .unwrap();
+        let committer = Committer::start(database, Durability::SyncData).unwrap();
+        let watermarks = committer.watermarks.clone();
+        assert_eq!(
+            Arc::strong_count(&watermarks),
+            3,
+            "the committer, its thread and this test"
+        );
+        drop(committer);
+        assert_eq!(
+            Arc::strong_count(&watermarks),
+            1,
+            "the thread still runs after the drop"
+        );
+    }
+}

@@ -1,0 +1,164 @@
+//! What the embedded engine is opened with: the directory, when a commit
+//! counts as done, the fault plan, and fjall's memory and journal sizes
+//! (checked here: fjall panics on some).
+
+use super::faults::FaultPlan;
+use fjall::PersistMode;
+use std::path::PathBuf;
+
+/// When a commit counts as done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Durability {
+    /// fdatasync the journal before acknowledging: survives power loss.
+    #[default]
+    SyncData,
+    /// fsync data and metadata.
+    SyncAll,
+    /// Hand the journal to the OS only: survives a process crash, not a
+    /// power loss. For benchmarks and tests that say so.
+    Buffer,
+}
+
+impl Durability {
+    /// The sync a commit waits for, if any.
+    pub(super) fn sync_mode(self) -> Option<PersistMode> {
+        match self {
+            Durability::SyncData => Some(PersistMode::SyncData),
+            Durability::SyncAll => Some(PersistMode::SyncAll),
+            Durability::Buffer => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EmbeddedConfig {
+    pub path: PathBuf,
+    pub durability: Durability,
+    pub faults: FaultPlan,
+    /// Delete the directory when the engine is dropped (tests, benchmarks).
+    pub temporary: bool,
+    /// fjall's memory and journal sizes.
+    pub sizes: EmbeddedSizes,
+}
+
+/// fjall's block cache: read blocks of flushed tables. Records live a day
+/// and most reads are of keys written seconds ago (still in the memtable),
+/// so a small cache serves them; fjall's own default is 32 MiB.
+pub const CACHE_BYTES_DEFAULT: u64 = 16 * 1024 * 1024;
+
+/// The memtable a keyspace fills before it is sealed and flushed. Up to two
+/// are in memory at once (the active one and the one being flushed), and a
+/// flush writes one whole: a smaller memtable means less memory and shorter
+/// flushes, more often (BENCHMARKS.md, the stalls). fjall's default is 64 MiB.
+pub const MEMTABLE_BYTES_DEFAULT: u64 = 16 * 1024 * 1024;
+
+/// Journal bytes kept before fjall forces the oldest memtables to flush.
+pub const JOURNAL_BYTES_MAX_DEFAULT: u64 = 512 * 1024 * 1024;
+
+/// The smallest and largest sizes accepted (fjall itself refuses a memtable
+/// under 1 MiB and a journal limit under 64 MiB, by panicking: checked here).
+pub const CACHE_BYTES_MIN: u64 = 1024 * 1024;
+
+pub const MEMTABLE_BYTES_MIN: u64 = 1024 * 1024;
+
+pub const JOURNAL_BYTES_MAX_MIN: u64 = 64 * 1024 * 1024;
+
+pub const EMBEDDED_SIZE_BYTES_LIMIT: u64 = 64 * 1024 * 1024 * 1024;
+
+/// The embedded engine's memory and journal sizes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EmbeddedSizes {
+    pub cache_bytes: u64,
+    pub memtable_bytes: u64,
+    pub journal_bytes_max: u64,
+}
+
+impl Default for EmbeddedSizes {
+    fn default() -> Self {
+        Self {
+            cache_bytes: CACHE_BYTES_DEFAULT,
+            memtable_bytes: MEMTABLE_BYTES_DEFAULT,
+            journal_bytes_max: JOURNAL_BYTES_MAX_DEFAULT,
+        }
+    }
+}
+
+impl EmbeddedSizes {
+    /// The first size out of range, by name, with its range.
+    pub fn out_of_range(&self) -> Option<(&'static str, u64, u64)> {
+        [
+            ("cache_bytes", self.cache_bytes, CACHE_BYTES_MIN),
+            ("memtable_bytes", self.memtable_bytes, MEMTABLE_BYTES_MIN),
+            ("journal_bytes_max", self.journal_bytes_max, JOURNAL_BYTES_MAX_MIN),
+        ]
+        .into_iter()
+        .find(|(_, value, min)| !(*min..=EMBEDDED_SIZE_BYTES_LIMIT).contains(value))
+        .map(|(name, _, min)| (name, min, EMBEDDED_SIZE_BYTES_LIMIT))
+    }
+}
+
+impl EmbeddedConfig {
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        Self {
+            path: path.into(),
+            durability: Durability::default(),
+            faults: FaultPlan::default(),
+            temporary: false,
+            sizes: EmbeddedSizes::default(),
+        }
+    }
+
+    /// A fresh directory under the system's temporary directory, deleted
+    /// when the engine is dropped.
+    pub fn temporary() -> Self {
+        let name = format!("idem-embedded-{}-{:016x}", std::process::id(), rand::random::<u64>());
+        Self {
+            temporary: true,
+            ..Self::new(std::env::temp_dir().join(name))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::EmbeddedEngine;
+    use super::*;
+    use store_core::StoreError;
+
+    #[test]
+    fn sizes_fjall_would_panic_on_are_refused_with_an_error() {
+        for sizes in [
+            EmbeddedSizes {
+                memtable_bytes: 1_000,
+                ..EmbeddedSizes::default()
+            },
+            EmbeddedSizes {
+                journal_bytes_max: MEMTABLE_BYTES_MIN,
+                ..EmbeddedSizes::default()
+            },
+            EmbeddedSizes {
+                cache_bytes: EMBEDDED_SIZE_BYTES_LIMIT + 1,
+                ..EmbeddedSizes::default()
+            },
+        ] {
+            let config = EmbeddedConfig {
+                sizes,
+                ..EmbeddedConfig::temporary()
+            };
+            let opened = EmbeddedEngine::open(&config).err();
+            assert!(
+                matches!(opened, Some(StoreError::Refused { .. })),
+                "{sizes:?} was not refused: {opened:?}"
+            );
+        }
+        let sized = EmbeddedConfig {
+            sizes: EmbeddedSizes {
+                cache_bytes: CACHE_BYTES_MIN,
+                memtable_bytes: MEMTABLE_BYTES_MIN,
+                journal_bytes_max: JOURNAL_BYTES_MAX_MIN,
+            },
+            ..EmbeddedConfig::temporary()
+        };
+        assert!(EmbeddedEngine::open(&sized).is_ok(), "the smallest sizes open");
+    }
+}

@@ -1,0 +1,171 @@
+//! The embedded engine: fjall's `OptimisticTxDatabase` in one directory.
+//!
+//! fjall checks, at commit, this transaction's point and range reads against
+//! the writes of transactions committed since its snapshot: FoundationDB's
+//! resolver rule, phantoms included. On top of it this module adds
+//! FoundationDB's limits and error kinds, durable commits (fdatasync before a
+//! commit is acknowledged, by default), and a seeded fault switch for tests.
+//!
+//! One file per concern: `config` (what it is opened with), `faults`
+//! (the seeded fault switch), `committer` (group commit on a thread of its
+//! own), `reopen` (taking a failed opening out of service and opening the
+//! directory again), `transaction` (one transaction with FoundationDB's
+//! limits, begun and committed) and `retry` (the retry loop).
+
+mod committer;
+mod config;
+mod faults;
+mod reopen;
+mod retry;
+mod transaction;
+
+pub use config::{
+    CACHE_BYTES_DEFAULT, CACHE_BYTES_MIN, Durability, EMBEDDED_SIZE_BYTES_LIMIT, EmbeddedConfig, EmbeddedSizes,
+    JOURNAL_BYTES_MAX_DEFAULT, JOURNAL_BYTES_MAX_MIN, MEMTABLE_BYTES_DEFAULT, MEMTABLE_BYTES_MIN,
+};
+pub use faults::{FaultCounters, FaultPlan};
+pub use transaction::EmbeddedTx;
+
+use crate::engine::{EngineError, EngineErrorKind};
+use faults::FaultSwitch;
+use fjall::PersistMode;
+use reopen::{Current, OpenDatabase};
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use store_core::{SharedClock, StoreError, SystemClock};
+
+/// Name of the single keyspace holding every key; the tuple layer gives the
+/// structure, as on FoundationDB.
+const KEYSPACE_NAME: &str = "idem";
+
+/// The embedded engine. Cheap to clone; one per process and directory.
+///
+/// fjall refuses every write after a failed journal write or sync
+/// ("poisoned": it can no longer tell what reached the disk). The engine
+/// then stops using that opening of the database at once, answers
+/// `Unavailable` without retrying, and reopens the directory (fjall replays
+/// its journal) on the next transaction once every handle on the failed
+/// opening is gone: the service recovers by itself when the disk does.
+#[derive(Clone)]
+pub struct EmbeddedEngine {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    config: EmbeddedConfig,
+    faults: FaultSwitch,
+    current: Mutex<Current>,
+    reopens: AtomicU64,
+    /// What transaction ages and the waits between reopenings are measured
+    /// on (its monotonic reading): the system's, or a test's manual clock.
+    clock: SharedClock,
+}
+
+fn io_error(error: impl std::fmt::Display) -> EngineError {
+    EngineError::new(EngineErrorKind::Io, error.to_string())
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        if self.config.temporary {
+            // Close the database (joining its threads) before deleting it;
+            // any state but `Open` will do, nothing begins here any more.
+            *self.current() = Current::Reopening;
+            let _ = std::fs::remove_dir_all(&self.config.path);
+        }
+    }
+}
+
+impl EmbeddedEngine {
+    pub fn open(config: &EmbeddedConfig) -> Result<Self, StoreError> {
+        Self::open_with_clock(config, SystemClock::shared())
+    }
+
+    /// Opens with the clock that transaction ages and reopening waits are
+    /// measured on: tests pass a [`store_core::ManualClock`] and move it.
+    pub fn open_with_clock(config: &EmbeddedConfig, clock: SharedClock) -> Result<Self, StoreError> {
+        let database = OpenDatabase::open(config, 0, clock.monotonic_ms())?;
+        let faults = FaultSwitch {
+            plan: config.faults,
+            sequence: AtomicU64::new(0),
+            counters: FaultCounters::default(),
+        };
+        Ok(Self {
+            shared: Arc::new(Shared {
+                config: config.clone(),
+                faults,
+                current: Mutex::new(Current::Open(Arc::new(database))),
+                reopens: AtomicU64::new(0),
+                clock,
+            }),
+        })
+    }
+
+    pub fn fault_counters(&self) -> &FaultCounters {
+        &self.shared.faults.counters
+    }
+
+    /// The clock this engine measures ages and waits on.
+    pub fn clock(&self) -> &SharedClock {
+        &self.shared.clock
+    }
+
+    /// Times the database was reopened after a failed write.
+    pub fn reopens(&self) -> u64 {
+        self.shared.reopens.load(Ordering::SeqCst)
+    }
+
+    /// Makes everything committed so far durable, whatever the durability
+    /// setting; called at shutdown.
+    pub fn flush(&self) -> Result<(), StoreError> {
+        let database = self.shared.healthy().map_err(|_| not_open())?;
+        database
+            .database
+            .persist(PersistMode::SyncAll)
+            .map_err(|error| StoreError::unavailable("flush failed", error))
+    }
+
+    /// Bytes on disk, for metrics.
+    pub fn disk_space_bytes(&self) -> u64 {
+        match self.shared.healthy() {
+            Ok(database) => database.database.disk_space().unwrap_or(0),
+            Err(_) => 0,
+        }
+    }
+}
+
+fn not_open() -> StoreError {
+    StoreError::unavailable("embedded store is not open", io_error("reopening after a failed write"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::{Engine, RunOptions, Transaction};
+
+    pub(super) fn open_database(engine: &EmbeddedEngine) -> Arc<OpenDatabase> {
+        engine.shared.healthy().ok().expect("an open database")
+    }
+
+    #[tokio::test]
+    async fn commits_acknowledged_before_a_drop_are_there_after_reopening() {
+        let directory = EmbeddedConfig::temporary().path;
+        let config = EmbeddedConfig::new(&directory);
+        let key = b"written-before-the-drop";
+        let engine = EmbeddedEngine::open(&config).unwrap();
+        engine
+            .run(RunOptions::default(), |tx, _| async move { Ok(tx.set(key, b"1")?) })
+            .await
+            .unwrap();
+        drop(engine);
+        let reopened = EmbeddedEngine::open(&config).unwrap();
+        let value = reopened
+            .run(RunOptions::default(), |tx, _| async move { Ok(tx.get(key).await?) })
+            .await
+            .unwrap();
+        assert_eq!(value.as_deref(), Some(&b"1"[..]));
+        drop(reopened);
+        std::fs::remove_dir_all(&directory).unwrap();
+    }
+}
