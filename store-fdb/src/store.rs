@@ -81,6 +81,10 @@ pub struct FdbStore<E: Engine> {
 /// What a transaction found under a slot.
 struct Existing {
     record: Option<Record>,
+    /// How many chunks the record is stored in (0 without a record): an
+    /// overwrite that needs no more chunks than this replaces every stored
+    /// chunk, so it needs no range clear first.
+    record_chunks: usize,
     /// Expiry of a live tombstone, when there is no record.
     tombstone_expires_at_ms: Option<u64>,
 }
@@ -202,13 +206,17 @@ impl<E: Engine> FdbStore<E> {
     }
 
     async fn read_existing(&self, tx: &E::Tx, slot: &Slot, now: u64) -> Result<Existing, TxError> {
-        let record = read_record(tx, slot).await?;
+        let (record, record_chunks) = match read_record_bytes(tx, slot).await? {
+            Some(stored) => (Some(decode_record(&stored.bytes)?), stored.chunks),
+            None => (None, 0),
+        };
         let tombstone_expires_at_ms = match record {
             Some(_) => None,
             None => read_tombstone(tx, slot).await?.filter(|&expires| expires > now),
         };
         Ok(Existing {
             record,
+            record_chunks,
             tombstone_expires_at_ms,
         })
     }
@@ -219,12 +227,12 @@ impl<E: Engine> FdbStore<E> {
             // A tombstone stays while its key is claimed again: if the new
             // claim is abandoned, the key is still known to be late. Purge
             // overwrites it when the new record expires in turn.
-            Write::Put(record) => self.write_record(tx, slot, existing.record.as_ref(), &record).await,
-            Write::Delete => self.delete_record(tx, slot, existing.record.as_ref()).await,
+            Write::Put(record) => self.write_record(tx, slot, existing, &record).await,
+            Write::Delete => self.delete_record(tx, slot, existing).await,
         }
     }
 
-    async fn write_record(&self, tx: &E::Tx, slot: &Slot, old: Option<&Record>, new: &Record) -> Result<(), TxError> {
+    async fn write_record(&self, tx: &E::Tx, slot: &Slot, existing: &Existing, new: &Record) -> Result<(), TxError> {
         let bytes = encode_record(new);
         let chunks: Vec<&[u8]> = bytes.chunks(RECORD_CHUNK_BYTES_MAX).collect();
         // A record is at least its version byte, so it has a first chunk,
@@ -237,8 +245,12 @@ impl<E: Engine> FdbStore<E> {
             );
             return Err(TxError::Abort(StoreError::TooLarge(detail)));
         }
-        if let Some(old) = old {
-            self.delete_record(tx, slot, Some(old)).await?;
+        if existing.record_chunks > chunks.len() {
+            // Fewer chunks than stored: the range clear removes the tail.
+            self.delete_record(tx, slot, existing).await?;
+        } else if let Some(old) = &existing.record {
+            // Every stored chunk is overwritten below; only the index moves.
+            tx.clear(&self.layout.expiry_key(slot, old.expires_at_ms, KIND_RECORD))?;
         }
         for (index, chunk) in chunks.iter().enumerate() {
             tx.set(&self.layout.record_chunk_key(slot, index), chunk)?;
@@ -247,10 +259,15 @@ impl<E: Engine> FdbStore<E> {
         Ok(())
     }
 
-    async fn delete_record(&self, tx: &E::Tx, slot: &Slot, old: Option<&Record>) -> Result<(), TxError> {
-        let (begin, end) = slot.record.range();
-        tx.clear_range(&begin, &end).await?;
-        if let Some(old) = old {
+    async fn delete_record(&self, tx: &E::Tx, slot: &Slot, existing: &Existing) -> Result<(), TxError> {
+        if existing.record_chunks == 1 {
+            // A point clear: the embedded engine clears a range by reading it.
+            tx.clear(&self.layout.record_chunk_key(slot, 0))?;
+        } else {
+            let (begin, end) = slot.record.range();
+            tx.clear_range(&begin, &end).await?;
+        }
+        if let Some(old) = &existing.record {
             tx.clear(&self.layout.expiry_key(slot, old.expires_at_ms, KIND_RECORD))?;
         }
         Ok(())
@@ -329,7 +346,7 @@ impl<E: Engine> FdbStore<E> {
         now: u64,
     ) -> Result<RecordPurge, TxError> {
         let bytes = match read_record_bytes(tx, slot).await {
-            Ok(Some(bytes)) => bytes,
+            Ok(Some(stored)) => stored.bytes,
             Ok(None) => return Ok(RecordPurge::Kept { bytes: 0 }),
             Err(TxError::Abort(StoreError::Corrupt(_))) => return Ok(RecordPurge::Unreadable { bytes: 0 }),
             Err(error) => return Err(error),
@@ -362,25 +379,44 @@ impl<E: Engine> FdbStore<E> {
 
 async fn read_record<T: Transaction>(tx: &T, slot: &Slot) -> Result<Option<Record>, TxError> {
     match read_record_bytes(tx, slot).await? {
-        Some(bytes) => Ok(Some(decode_record(&bytes)?)),
+        Some(stored) => Ok(Some(decode_record(&stored.bytes)?)),
         None => Ok(None),
     }
 }
 
+/// A record's encoded bytes as stored, its chunks joined.
+struct StoredRecord {
+    bytes: Vec<u8>,
+    chunks: usize,
+}
+
 /// The record's encoded bytes, its chunks joined.
-async fn read_record_bytes<T: Transaction>(tx: &T, slot: &Slot) -> Result<Option<Vec<u8>>, TxError> {
+///
+/// Chunks are cut at [`RECORD_CHUNK_BYTES_MAX`], so a first chunk shorter
+/// than that is the only one: the common case costs one point read, which
+/// the embedded engine answers through its tables' Bloom filters, where a
+/// range read must merge every table (about a tenth of the service's CPU at
+/// 800/s in BENCHMARKS.md, "Where the service's CPU goes"). Only a record of
+/// a full chunk or more is read as a range.
+async fn read_record_bytes<T: Transaction>(tx: &T, slot: &Slot) -> Result<Option<StoredRecord>, TxError> {
+    let Some(first) = tx.get(&slot.record.pack(&(0_u64,))).await? else {
+        return Ok(None);
+    };
+    if first.len() < RECORD_CHUNK_BYTES_MAX {
+        return Ok(Some(StoredRecord { bytes: first, chunks: 1 }));
+    }
     let (begin, end) = slot.record.range();
     let chunks = tx.get_range(&begin, &end, RECORD_CHUNKS_MAX + 1).await?;
-    if chunks.is_empty() {
-        return Ok(None);
-    }
     if chunks.len() > RECORD_CHUNKS_MAX {
         let detail = format!("record has more than {RECORD_CHUNKS_MAX} chunks");
         return Err(TxError::Abort(StoreError::Corrupt(store_core::CodecError::Malformed(
             detail,
         ))));
     }
-    Ok(Some(chunks.into_iter().flat_map(|(_, value)| value).collect()))
+    Ok(Some(StoredRecord {
+        chunks: chunks.len(),
+        bytes: chunks.into_iter().flat_map(|(_, value)| value).collect(),
+    }))
 }
 
 async fn read_tombstone<T: Transaction>(tx: &T, slot: &Slot) -> Result<Option<u64>, TxError> {
