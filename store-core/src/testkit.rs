@@ -431,3 +431,4 @@ macro_rules! conformance_tests {
 }
 
 pub mod model;
+pub mod waiting;

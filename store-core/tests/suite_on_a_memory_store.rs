@@ -14,7 +14,10 @@ type Slot = (CallerId, KeyDigest);
 
 struct MemoryStore {
     policy: Policy,
-    state: Mutex<(BTreeMap<Slot, Record>, HashSet<Slot>)>,
+    state: Arc<Mutex<(BTreeMap<Slot, Record>, HashSet<Slot>)>>,
+    /// In-process notifications, shared by the handles on one map: the
+    /// smallest notification source, which checks the waiting suite.
+    changes: ChangeHub,
 }
 
 fn now_ms() -> u64 {
@@ -69,19 +72,25 @@ impl IdempotencyStore for MemoryStore {
         }))
     }
     async fn complete(&self, lease: &HeldLease, response: SavedResponse) -> Result<Fenced, StoreError> {
-        Ok(self.apply(&lease.caller, &lease.key, |found, now| {
+        let outcome = self.apply(&lease.caller, &lease.key, |found, now| {
             machine::complete(found, lease.token, response, now, &self.policy)
-        }))
+        });
+        self.changes.notify(&RecordId::new(&lease.caller, &lease.key));
+        Ok(outcome)
     }
     async fn release(&self, lease: &HeldLease) -> Result<Fenced, StoreError> {
-        Ok(self.apply(&lease.caller, &lease.key, |found, now| {
+        let outcome = self.apply(&lease.caller, &lease.key, |found, now| {
             machine::release(found, lease.token, now)
-        }))
+        });
+        self.changes.notify(&RecordId::new(&lease.caller, &lease.key));
+        Ok(outcome)
     }
     async fn abandon(&self, lease: &HeldLease) -> Result<Fenced, StoreError> {
-        Ok(self.apply(&lease.caller, &lease.key, |found, now| {
+        let outcome = self.apply(&lease.caller, &lease.key, |found, now| {
             machine::abandon(found, lease.token, now)
-        }))
+        });
+        self.changes.notify(&RecordId::new(&lease.caller, &lease.key));
+        Ok(outcome)
     }
     async fn purge_expired(&self, limit: usize) -> Result<PurgeReport, StoreError> {
         let mut guard = self.state.lock().unwrap();
@@ -118,13 +127,36 @@ impl IdempotencyStore for MemoryStore {
     async fn ping(&self) -> Result<(), StoreError> {
         Ok(())
     }
+    fn record_changes(&self) -> Option<&ChangeHub> {
+        Some(&self.changes)
+    }
 }
 
 async fn memory_store(policy: Policy) -> SharedStore {
     Arc::new(MemoryStore {
         policy,
-        state: Mutex::default(),
+        state: Arc::default(),
+        changes: ChangeHub::new(),
     })
 }
 
+/// Two handles on one map, as two instances on one server.
+async fn memory_store_pair(policy: Policy) -> (SharedStore, SharedStore) {
+    let first = MemoryStore {
+        policy,
+        state: Arc::default(),
+        changes: ChangeHub::new(),
+    };
+    let second = MemoryStore {
+        policy,
+        state: Arc::clone(&first.state),
+        changes: first.changes.clone(),
+    };
+    (Arc::new(first), Arc::new(second))
+}
+
 store_core::conformance_tests!(memory_store);
+
+mod waiting {
+    store_core::waiting_tests!(super::memory_store_pair);
+}
