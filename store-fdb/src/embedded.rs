@@ -222,6 +222,9 @@ const REOPEN_INTERVAL_MS_MAX: u64 = 4_000;
 #[derive(Clone)]
 pub struct EmbeddedEngine {
     shared: Arc<Shared>,
+    /// Waiters of the stores over this engine: notified in process only,
+    /// since no other process can open the database.
+    changes: store_core::ChangeHub,
 }
 
 struct Shared {
@@ -590,6 +593,7 @@ impl EmbeddedEngine {
                 reopens: AtomicU64::new(0),
                 reopen_interval,
             }),
+            changes: store_core::ChangeHub::new(),
         })
     }
 
@@ -854,6 +858,10 @@ impl Transaction for EmbeddedTx {
 
 impl Engine for EmbeddedEngine {
     type Tx = EmbeddedTx;
+
+    fn change_hub(&self) -> &store_core::ChangeHub {
+        &self.changes
+    }
 
     fn name(&self) -> &'static str {
         "embedded"

@@ -166,6 +166,14 @@ impl<E: Engine> Engine for ObservedEngine<E> {
         self.inner.name()
     }
 
+    fn change_hub(&self) -> &store_core::ChangeHub {
+        self.inner.change_hub()
+    }
+
+    fn record_watches(&self, layout: &crate::keys::KeyLayout) -> Option<std::sync::Arc<dyn store_core::ChangeSource>> {
+        self.inner.record_watches(layout)
+    }
+
     async fn run<T, F, Fut>(&self, options: RunOptions, body: F) -> Result<T, StoreError>
     where
         T: Send,

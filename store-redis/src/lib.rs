@@ -19,6 +19,7 @@ pub mod checks;
 pub mod config;
 mod connection;
 mod errors;
+pub mod notify;
 pub mod keys;
 mod record;
 mod reply;
