@@ -45,12 +45,7 @@ impl ChangeSource for RecordWatches {
     fn watch_record(&self, record: &RecordId, notifier: ChangeNotifier) -> WatchGuard {
         let slot = self.layout.slot(&record.caller, record.digest);
         let key = self.layout.record_chunk_key(&slot, 0);
-        let task = tokio::spawn(keep_watching(
-            Arc::clone(&self.database),
-            key,
-            record.clone(),
-            notifier,
-        ));
+        let task = tokio::spawn(keep_watching(Arc::clone(&self.database), key, record.clone(), notifier));
         WatchGuard::on_drop(move || task.abort())
     }
 }

@@ -18,8 +18,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use store_core::machine::{self, CompletionFence, Found, Step, Write};
 use store_core::{
     CallerId, ChangeHub, ClaimOutcome, ClaimRequest, Fenced, HeldLease, IdempotencyKey, IdempotencyStore, KeyDigest,
-    PURGE_BATCH_MAX, Policy, PurgeReport, Record, RecordId, RecoveryPoint, SavedResponse, StoreError,
-    decode_record, encode_record,
+    PURGE_BATCH_MAX, Policy, PurgeReport, Record, RecordId, RecoveryPoint, SavedResponse, StoreError, decode_record,
+    encode_record,
 };
 
 /// Index entries one purge transaction handles at most.

@@ -134,7 +134,10 @@ fn hand_on(message: AsyncMessage, notifier: &ChangeNotifier) -> bool {
     match RecordId::from_tag(notification.payload()) {
         Some(record) => notifier.notify(&record),
         None => {
-            tracing::warn!(payload = notification.payload(), "a notification on the change channel names no record");
+            tracing::warn!(
+                payload = notification.payload(),
+                "a notification on the change channel names no record"
+            );
             notifier.is_alive()
         }
     }

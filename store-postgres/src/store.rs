@@ -22,8 +22,8 @@ use std::sync::Arc;
 use std::time::Duration;
 use store_core::machine::{self, Found, Write};
 use store_core::{
-    CallerId, ChangeHub, ClaimOutcome, ClaimRequest, Fenced, HeldLease, IdempotencyKey, IdempotencyStore, PURGE_BATCH_MAX, Policy,
-    PurgeReport, Record, RecordId, RecoveryPoint, SavedResponse, StoreError,
+    CallerId, ChangeHub, ClaimOutcome, ClaimRequest, Fenced, HeldLease, IdempotencyKey, IdempotencyStore,
+    PURGE_BATCH_MAX, Policy, PurgeReport, Record, RecordId, RecoveryPoint, SavedResponse, StoreError,
 };
 
 const SELECT_CLOCK: &str = "SELECT now() AS now";

@@ -74,9 +74,14 @@ async fn a_notification_lost_with_the_listening_connection_is_covered_and_the_li
     // The listening connection dies; the completion's notification is sent
     // while (or just after) nobody listens.
     for pid in &pids {
-        raw.execute("SELECT pg_terminate_backend($1)", &[pid]).await.expect("terminate");
+        raw.execute("SELECT pg_terminate_backend($1)", &[pid])
+            .await
+            .expect("terminate");
     }
-    assert_eq!(writing.complete(&lease, response(4)).await.unwrap(), Fenced::Applied(()));
+    assert_eq!(
+        writing.complete(&lease, response(4)).await.unwrap(),
+        Fenced::Applied(())
+    );
     let completed_at = Instant::now();
     let woken = watch.changed(completed_at + Duration::from_secs(10)).await;
     let delay = completed_at.elapsed();
@@ -85,7 +90,10 @@ async fn a_notification_lost_with_the_listening_connection_is_covered_and_the_li
         delay <= Duration::from_millis(LOST_LISTENER_POLL_MS + 500),
         "the waiter woke {delay:?} after a completion whose notification was lost"
     );
-    assert_eq!(waiting.claim(&request).await.unwrap(), ClaimOutcome::Replay(response(4)));
+    assert_eq!(
+        waiting.claim(&request).await.unwrap(),
+        ClaimOutcome::Replay(response(4))
+    );
     drop(watch);
 
     // The listener listens again, on a new connection: the next completion
@@ -107,8 +115,14 @@ async fn a_notification_lost_with_the_listening_connection_is_covered_and_the_li
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     while watch.changed(Instant::now() + Duration::from_millis(100)).await == Woken::Notified {}
-    assert_eq!(writing.complete(&again, response(5)).await.unwrap(), Fenced::Applied(()));
+    assert_eq!(
+        writing.complete(&again, response(5)).await.unwrap(),
+        Fenced::Applied(())
+    );
     let completed_at = Instant::now();
-    assert_eq!(watch.changed(completed_at + Duration::from_secs(10)).await, Woken::Notified);
+    assert_eq!(
+        watch.changed(completed_at + Duration::from_secs(10)).await,
+        Woken::Notified
+    );
     assert!(completed_at.elapsed() < Duration::from_millis(750));
 }

@@ -251,7 +251,13 @@ mod tests {
         let key = IdempotencyKey::new("label:1:1:v1").unwrap();
         let keys = crate::RecordKeys::new("idem:", &caller, &key);
         assert_eq!(record_of_channel(&keys.changes), Some(RecordId::new(&caller, &key)));
-        for other in ["", ":changed", "idem:{fulfilment}:changed", &keys.record, "idem:{x:00}:changed"] {
+        for other in [
+            "",
+            ":changed",
+            "idem:{fulfilment}:changed",
+            &keys.record,
+            "idem:{x:00}:changed",
+        ] {
             assert_eq!(record_of_channel(other), None, "{other}");
         }
     }

@@ -14,8 +14,8 @@ use redis::{Script, Value};
 use std::collections::HashMap;
 use std::sync::Arc;
 use store_core::{
-    CallerId, ChangeHub, ClaimOutcome, ClaimRequest, Fenced, HeldLease, IdempotencyKey, IdempotencyStore, Policy, PurgeReport,
-    Record, RecordId, RecoveryPoint, SavedResponse, StoreError,
+    CallerId, ChangeHub, ClaimOutcome, ClaimRequest, Fenced, HeldLease, IdempotencyKey, IdempotencyStore, Policy,
+    PurgeReport, Record, RecordId, RecoveryPoint, SavedResponse, StoreError,
 };
 
 /// The Redis backend. Cheap to clone; clones share one connection.
