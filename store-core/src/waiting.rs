@@ -34,6 +34,7 @@ use crate::store::{IdempotencyStore, StoreError};
 use crate::types::{CallerId, IdempotencyKey, KeyDigest};
 use std::collections::HashMap;
 use std::fmt;
+use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 use std::time::Duration;
@@ -503,6 +504,9 @@ pub enum WaitedClaim {
     Decided(ClaimOutcome),
     /// Still in progress at the deadline: answer 409 as without waiting.
     StillInProgress { retry_after_ms: u64 },
+    /// `stop` completed while waiting (the client hung up): nothing was
+    /// claimed, and the waiter's place is free.
+    Stopped { retry_after_ms: u64 },
     /// Not allowed to wait (a cap, or a store that cannot wake waiters):
     /// answer 409 at once.
     Refused { retry_after_ms: u64, reason: WaitRefused },
@@ -516,14 +520,21 @@ pub enum WaitedClaim {
 /// holder's lease end (a takeover is possible then) or `until`; claim again.
 /// Every claim re-sends `request` with its one token, so a waiter that
 /// becomes the new attempt is an ordinary claim with a fresh lease, and of
-/// many waiters the store lets exactly one acquire. Dropping the future stops
-/// the waiting and frees its place; a claim it had already acquired stays
-/// acquired (the caller's work), as with any claim.
+/// many waiters the store lets exactly one acquire.
+///
+/// `stop` ends the waiting (a client that hung up): it interrupts only the
+/// sleep between claims, never a claim, so a claim that acquired the key is
+/// always reported and its attempt can run to its end (ARCHITECTURE.md, "A
+/// started claim runs to its end"). Run this in the task that owns the
+/// attempt and pass the hang-up signal as `stop`; dropping the future also
+/// frees the waiter's place, but may drop an acquired claim with it.
 pub async fn claim_waiting(
     store: &dyn IdempotencyStore,
     request: &ClaimRequest,
     until: Instant,
+    stop: impl Future<Output = ()>,
 ) -> Result<WaitedClaim, StoreError> {
+    let mut stop = std::pin::pin!(stop);
     let retry_after_ms = match store.claim(request).await? {
         ClaimOutcome::InProgress { retry_after_ms } => retry_after_ms,
         decided => return Ok(WaitedClaim::Decided(decided)),
@@ -547,7 +558,11 @@ pub async fn claim_waiting(
             return Ok(WaitedClaim::StillInProgress { retry_after_ms });
         }
         let lease_end = Instant::now() + Duration::from_millis(retry_after_ms);
-        if watch.changed(until.min(lease_end)).await == Woken::DeadlinePassed && Instant::now() >= until {
+        let woken = tokio::select! {
+            woken = watch.changed(until.min(lease_end)) => woken,
+            () = &mut stop => return Ok(WaitedClaim::Stopped { retry_after_ms }),
+        };
+        if woken == Woken::DeadlinePassed && Instant::now() >= until {
             // One last read: the change may have landed just now.
             return match store.claim(request).await? {
                 ClaimOutcome::InProgress { retry_after_ms } => Ok(WaitedClaim::StillInProgress { retry_after_ms }),

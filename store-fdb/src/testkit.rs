@@ -706,7 +706,7 @@ pub async fn embedded() -> TestEngine<crate::EmbeddedEngine> {
 }
 
 #[cfg(feature = "foundationdb")]
-pub use self::foundationdb::{TEST_PREFIX_START, foundationdb, foundationdb_store};
+pub use self::foundationdb::{TEST_PREFIX_START, foundationdb, foundationdb_store, foundationdb_store_pair};
 
 #[cfg(feature = "foundationdb")]
 mod foundationdb {
@@ -768,6 +768,24 @@ see store-fdb/FOUNDATIONDB.md";
             Ok(Err(error)) => cluster_unavailable("ping", error),
             Err(_) => cluster_unavailable("ping", format!("no answer within {CLUSTER_REACHABLE_MS_MAX} ms")),
         }
+    }
+
+    /// Two stores for store-core's waiting suite, under one fresh prefix,
+    /// each over a `Database` handle of its own: two instances, whose
+    /// waiters only hear of each other's writes through FoundationDB's
+    /// watches (each handle has its own hub).
+    pub async fn foundationdb_store_pair(
+        policy: Policy,
+    ) -> (store_core::testkit::SharedStore, store_core::testkit::SharedStore) {
+        let first = foundationdb().await;
+        let network = FoundationDbNetwork::start().unwrap_or_else(|error| cluster_unavailable("network", error));
+        let engine = FoundationDbEngine::open(network, None).unwrap_or_else(|error| cluster_unavailable("open", error));
+        let second = TestEngine {
+            engine,
+            prefix: first.prefix.clone(),
+        };
+        let (first, second): (FoundationDbStore, FoundationDbStore) = (first.store(policy), second.store(policy));
+        (std::sync::Arc::new(first), std::sync::Arc::new(second))
     }
 
     /// A store for store-core's conformance suite, under a fresh prefix.

@@ -157,7 +157,7 @@ fn crowd(
                 ..request.clone()
             };
             tokio::spawn(async move {
-                let outcome = claim_waiting(store.as_ref(), &request, later(wait_ms))
+                let outcome = claim_waiting(store.as_ref(), &request, later(wait_ms), std::future::pending())
                     .await
                     .expect("claim_waiting");
                 (outcome, Instant::now())
@@ -264,7 +264,9 @@ pub async fn a_waiter_past_its_deadline_is_still_in_progress(stores: (SharedStor
     let _lease = holder(&stores.1, &caller, "held").await;
     let request = claim_request(&caller, "held", "body");
     let started = Instant::now();
-    let outcome = claim_waiting(stores.0.as_ref(), &request, later(400)).await.unwrap();
+    let outcome = claim_waiting(stores.0.as_ref(), &request, later(400), std::future::pending())
+        .await
+        .unwrap();
     let waited = started.elapsed();
     match outcome {
         WaitedClaim::StillInProgress { retry_after_ms } => {
@@ -291,7 +293,7 @@ pub async fn waiter_caps_refuse_at_once_and_a_dropped_waiter_frees_its_place(sto
     let mut on_a = crowd(&(waiting.clone(), waiting.clone()), &request_a, 2, 10_000);
     until_waiting(&(waiting.clone(), waiting.clone()), 2).await;
     let started = Instant::now();
-    let refused = claim_waiting(waiting.as_ref(), &request_a, later(10_000))
+    let refused = claim_waiting(waiting.as_ref(), &request_a, later(10_000), std::future::pending())
         .await
         .unwrap();
     assert!(
@@ -306,7 +308,7 @@ pub async fn waiter_caps_refuse_at_once_and_a_dropped_waiter_frees_its_place(sto
     );
     let on_b = crowd(&(waiting.clone(), waiting.clone()), &request_b, 1, 10_000);
     until_waiting(&(waiting.clone(), waiting.clone()), 3).await;
-    let refused = claim_waiting(waiting.as_ref(), &request_b, later(10_000))
+    let refused = claim_waiting(waiting.as_ref(), &request_b, later(10_000), std::future::pending())
         .await
         .unwrap();
     assert!(
@@ -338,6 +340,25 @@ pub async fn waiter_caps_refuse_at_once_and_a_dropped_waiter_frees_its_place(sto
     }
 }
 
+pub async fn a_stopped_waiter_stops_at_once_and_frees_its_place(stores: (SharedStore, SharedStore)) {
+    set_limits(&stores, long_poll());
+    let caller = unique_caller();
+    let _lease = holder(&stores.1, &caller, "held").await;
+    let request = claim_request(&caller, "held", "body");
+    let hung_up = tokio::time::sleep(Duration::from_millis(200));
+    let started = Instant::now();
+    let outcome = claim_waiting(stores.0.as_ref(), &request, later(10_000), hung_up)
+        .await
+        .unwrap();
+    assert!(matches!(outcome, WaitedClaim::Stopped { .. }), "{outcome:?}");
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_millis(200) && waited < Duration::from_millis(200 + WAKE_PROMPT_MS),
+        "a waiter stopped after 200 ms took {waited:?}"
+    );
+    assert_eq!(hub(&stores.0).waiters(), 0, "a stopped waiter kept its place");
+}
+
 /// Expands to one `#[tokio::test]` per waiting behaviour. `$make_pair` is an
 /// async fn taking a [`Policy`] and returning two instances of one store
 /// (two handles on one server or database), both built with it.
@@ -351,7 +372,8 @@ macro_rules! waiting_tests {
             fifty_waiters_get_one_effect_and_fifty_identical_replays,
             a_release_makes_exactly_one_waiter_the_new_attempt,
             a_waiter_past_its_deadline_is_still_in_progress,
-            waiter_caps_refuse_at_once_and_a_dropped_waiter_frees_its_place
+            waiter_caps_refuse_at_once_and_a_dropped_waiter_frees_its_place,
+            a_stopped_waiter_stops_at_once_and_frees_its_place
         );
     };
     (@each $make_pair:path; $($behaviour:ident),*) => {
