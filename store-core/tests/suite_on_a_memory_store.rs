@@ -11,10 +11,12 @@ use store_core::testkit::SharedStore;
 use store_core::*;
 
 type Slot = (CallerId, KeyDigest);
+/// The records and the tombstones, shared by the handles on one map.
+type Map = Arc<Mutex<(BTreeMap<Slot, Record>, HashSet<Slot>)>>;
 
 struct MemoryStore {
     policy: Policy,
-    state: Arc<Mutex<(BTreeMap<Slot, Record>, HashSet<Slot>)>>,
+    state: Map,
     /// In-process notifications, shared by the handles on one map: the
     /// smallest notification source, which checks the waiting suite.
     changes: ChangeHub,
