@@ -98,4 +98,10 @@ impl IdempotencyStore for InstrumentedStore {
     async fn ping(&self) -> Result<(), StoreError> {
         timed(self.backend, "ping", self.inner.ping()).await
     }
+
+    /// The inner store's waiters (docs/design.md#waiting): a wrapper that
+    /// kept the default would make every `Prefer: wait` refuse to wait.
+    fn record_changes(&self) -> Option<&store_core::ChangeHub> {
+        self.inner.record_changes()
+    }
 }

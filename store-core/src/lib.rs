@@ -13,6 +13,7 @@ pub mod machine;
 pub mod outcome;
 pub mod store;
 pub mod types;
+pub mod waiting;
 
 #[cfg(feature = "testkit")]
 pub mod testkit;
@@ -22,3 +23,7 @@ pub use codec::{CodecError, decode_record, encode_record};
 pub use outcome::{Acquired, ClaimOutcome, ClaimRequest, Fenced, HeldLease, PurgeReport};
 pub use store::{BoxError, IdempotencyStore, PURGE_BATCH_MAX, StoreError};
 pub use types::*;
+pub use waiting::{
+    ChangeHub, ChangeNotifier, ChangeSource, RecordId, RecordWatch, WaitLimits, WaitRefused, WaitedClaim, WatchGuard,
+    Woken, claim_waiting,
+};

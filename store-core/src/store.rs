@@ -109,4 +109,11 @@ pub trait IdempotencyStore: Send + Sync {
 
     /// Cheap round trip for readiness probes.
     async fn ping(&self) -> Result<(), StoreError>;
+
+    /// Where waiters for a change of one record register
+    /// (docs/design.md#waiting, [`crate::waiting`]). `None`: this store
+    /// cannot wake waiters, and [`crate::claim_waiting`] refuses to wait.
+    fn record_changes(&self) -> Option<&crate::waiting::ChangeHub> {
+        None
+    }
 }

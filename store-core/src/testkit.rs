@@ -532,3 +532,4 @@ macro_rules! conformance_tests {
 }
 
 pub mod model;
+pub mod waiting;

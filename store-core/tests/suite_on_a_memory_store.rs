@@ -11,11 +11,16 @@ use store_core::testkit::SharedStore;
 use store_core::*;
 
 type Slot = (CallerId, KeyDigest);
+/// The records and the tombstones, shared by the handles on one map.
+type Map = Arc<Mutex<(BTreeMap<Slot, Record>, HashSet<Slot>)>>;
 
 struct MemoryStore {
     policy: Policy,
     clock: SharedClock,
-    state: Mutex<(BTreeMap<Slot, Record>, HashSet<Slot>)>,
+    state: Map,
+    /// In-process notifications, shared by the handles on one map: the
+    /// smallest notification source, which checks the waiting suite.
+    changes: ChangeHub,
 }
 
 impl MemoryStore {
@@ -63,19 +68,25 @@ impl IdempotencyStore for MemoryStore {
         }))
     }
     async fn complete(&self, lease: &HeldLease, response: SavedResponse) -> Result<Fenced, StoreError> {
-        Ok(self.apply(&lease.caller, &lease.key, |found, now| {
+        let outcome = self.apply(&lease.caller, &lease.key, |found, now| {
             machine::complete(found, lease.token, response, now, &self.policy)
-        }))
+        });
+        self.changes.notify(&RecordId::new(&lease.caller, &lease.key));
+        Ok(outcome)
     }
     async fn release(&self, lease: &HeldLease) -> Result<Fenced, StoreError> {
-        Ok(self.apply(&lease.caller, &lease.key, |found, now| {
+        let outcome = self.apply(&lease.caller, &lease.key, |found, now| {
             machine::release(found, lease.token, now)
-        }))
+        });
+        self.changes.notify(&RecordId::new(&lease.caller, &lease.key));
+        Ok(outcome)
     }
     async fn abandon(&self, lease: &HeldLease) -> Result<Fenced, StoreError> {
-        Ok(self.apply(&lease.caller, &lease.key, |found, now| {
+        let outcome = self.apply(&lease.caller, &lease.key, |found, now| {
             machine::abandon(found, lease.token, now)
-        }))
+        });
+        self.changes.notify(&RecordId::new(&lease.caller, &lease.key));
+        Ok(outcome)
     }
     async fn purge_expired(&self, limit: usize) -> Result<PurgeReport, StoreError> {
         let mut guard = self.state.lock().unwrap();
@@ -112,14 +123,39 @@ impl IdempotencyStore for MemoryStore {
     async fn ping(&self) -> Result<(), StoreError> {
         Ok(())
     }
+    fn record_changes(&self) -> Option<&ChangeHub> {
+        Some(&self.changes)
+    }
 }
 
 async fn memory_store(policy: Policy, clock: SharedClock) -> SharedStore {
     Arc::new(MemoryStore {
         policy,
         clock,
-        state: Mutex::default(),
+        state: Arc::default(),
+        changes: ChangeHub::new(),
     })
 }
 
+/// Two handles on one map, as two instances on one server.
+async fn memory_store_pair(policy: Policy) -> (SharedStore, SharedStore) {
+    let first = MemoryStore {
+        policy,
+        clock: SystemClock::shared(),
+        state: Arc::default(),
+        changes: ChangeHub::new(),
+    };
+    let second = MemoryStore {
+        policy,
+        clock: Arc::clone(&first.clock),
+        state: Arc::clone(&first.state),
+        changes: first.changes.clone(),
+    };
+    (Arc::new(first), Arc::new(second))
+}
+
 store_core::conformance_tests!(clocked: memory_store);
+
+mod waiting {
+    store_core::waiting_tests!(super::memory_store_pair);
+}

@@ -14,8 +14,10 @@
 //! error kinds, so code that passes on the embedded engine stays within what a
 //! cluster accepts.
 
+use crate::keys::KeyLayout;
 use std::future::Future;
-use store_core::StoreError;
+use std::sync::Arc;
+use store_core::{ChangeHub, ChangeSource, StoreError};
 
 /// FoundationDB: a key may be at most 10,000 bytes.
 pub const KEY_BYTES_MAX: usize = 10_000;
@@ -181,6 +183,20 @@ pub trait Engine: Send + Sync + 'static {
 
     /// `embedded` or `foundationdb`, for metrics and logs.
     fn name(&self) -> &'static str;
+
+    /// The waiters of every store over this engine and its clones
+    /// (docs/design.md#waiting): one hub, so a store's write wakes the
+    /// waiters of every other store over the same engine in this process.
+    fn change_hub(&self) -> &ChangeHub;
+
+    /// What turns other processes' writes to records under `layout` into
+    /// notifications (FoundationDB: a watch per waited record). `None` where
+    /// every writer is in this process (the embedded engine: its database
+    /// is locked to one process), so the store's own notifications suffice.
+    fn record_watches(&self, layout: &KeyLayout) -> Option<Arc<dyn ChangeSource>> {
+        let _ = layout;
+        None
+    }
 
     /// Runs `body` in a fresh transaction per attempt and commits it,
     /// retrying retryable errors up to the options' limits. A

@@ -429,6 +429,9 @@ fn set_transaction_options(trx: &RetryableTransaction, options: RunOptions) -> R
 #[derive(Clone)]
 pub struct FoundationDbEngine {
     database: Arc<Database>,
+    /// Waiters of the stores over this handle; other processes' writes
+    /// reach them through watches (`foundationdb_watches.rs`).
+    changes: store_core::ChangeHub,
 }
 
 /// What one [`FoundationDbEngine::run`] remembers across attempts.
@@ -525,6 +528,15 @@ impl Engine for FoundationDbEngine {
         "foundationdb"
     }
 
+    fn change_hub(&self) -> &store_core::ChangeHub {
+        &self.changes
+    }
+
+    fn record_watches(&self, layout: &crate::keys::KeyLayout) -> Option<Arc<dyn store_core::ChangeSource>> {
+        let watches = crate::foundationdb_watches::RecordWatches::new(Arc::clone(&self.database), layout.clone());
+        Some(Arc::new(watches))
+    }
+
     async fn run<T, F, Fut>(&self, options: RunOptions, body: F) -> Result<T, StoreError>
     where
         T: Send,
@@ -573,6 +585,7 @@ impl FoundationDbEngine {
         })?;
         Ok(Self {
             database: Arc::new(database),
+            changes: store_core::ChangeHub::new(),
         })
     }
 

@@ -11,6 +11,8 @@ pub mod embedded;
 pub mod engine;
 #[cfg(feature = "foundationdb")]
 pub mod foundationdb;
+#[cfg(feature = "foundationdb")]
+pub mod foundationdb_watches;
 pub mod keys;
 pub mod store;
 #[cfg(feature = "testkit")]

@@ -16,9 +16,9 @@ use futures::future::BoxFuture;
 use std::future::Future;
 use store_core::machine::{self, CompletionFence, Found, Step, Write};
 use store_core::{
-    CallerId, ClaimOutcome, ClaimRequest, Fenced, HeldLease, IdempotencyKey, IdempotencyStore, KeyDigest,
-    PURGE_BATCH_MAX, Policy, PurgeReport, Record, RecoveryPoint, SavedResponse, SharedClock, StoreError, SystemClock,
-    decode_record, encode_record,
+    CallerId, ChangeHub, ClaimOutcome, ClaimRequest, Fenced, HeldLease, IdempotencyKey, IdempotencyStore, KeyDigest,
+    PURGE_BATCH_MAX, Policy, PurgeReport, Record, RecordId, RecoveryPoint, SavedResponse, SharedClock, StoreError,
+    SystemClock, decode_record, encode_record,
 };
 
 /// Index entries one purge transaction handles at most.
@@ -102,9 +102,15 @@ impl Existing {
 impl<E: Engine> FdbStore<E> {
     /// `prefix` is the bytes every key of this store starts with.
     pub fn new(engine: E, prefix: &[u8], policy: Policy) -> Self {
+        let layout = KeyLayout::new(prefix);
+        // Other processes' writes reach this process's waiters through the
+        // engine's watches, where it has any (docs/design.md#waiting).
+        if let Some(watches) = engine.record_watches(&layout) {
+            engine.change_hub().set_source(watches);
+        }
         Self {
             engine,
-            layout: KeyLayout::new(prefix),
+            layout,
             policy,
             run_options: RunOptions::default(),
             clock: SystemClock::shared(),
@@ -164,7 +170,8 @@ impl<E: Engine> FdbStore<E> {
         Box::pin(async move {
             let slot = &self.layout.slot(&lease.caller, lease.key.digest());
             let effect = &effect;
-            self.engine
+            let result = self
+                .engine
                 .run(self.run_options, |tx, _maybe_committed: MaybeCommitted| async move {
                     let now = self.clock.now_ms();
                     let existing = self.read_existing(&tx, slot, now).await?;
@@ -182,8 +189,22 @@ impl<E: Engine> FdbStore<E> {
                     self.apply(&tx, slot, &existing, step.write).await?;
                     Ok(Fenced::Applied(response))
                 })
-                .await
+                .await;
+            self.announce_end(lease, &result);
+            result
         })
+    }
+
+    /// Wakes this process's waiters on the record after a write that may
+    /// have ended its started state (docs/design.md#waiting). Only a lost
+    /// lease certainly wrote nothing; after an error the write may have
+    /// happened, and a needless wake-up costs a waiter one read.
+    fn announce_end<T>(&self, lease: &HeldLease, result: &Result<Fenced<T>, StoreError>) {
+        if !matches!(result, Ok(Fenced::LeaseLost)) {
+            self.engine
+                .change_hub()
+                .notify(&RecordId::new(&lease.caller, &lease.key));
+        }
     }
 
     /// One transition of one key, in one transaction.
@@ -403,7 +424,10 @@ async fn read_record_bytes<T: Transaction>(tx: &T, slot: &Slot) -> Result<Option
         return Ok(None);
     };
     if first.len() < RECORD_CHUNK_BYTES_MAX {
-        return Ok(Some(StoredRecord { bytes: first, chunks: 1 }));
+        return Ok(Some(StoredRecord {
+            bytes: first,
+            chunks: 1,
+        }));
     }
     let (begin, end) = slot.record.range();
     let chunks = tx.get_range(&begin, &end, RECORD_CHUNKS_MAX + 1).await?;
@@ -452,24 +476,33 @@ impl<E: Engine> IdempotencyStore for FdbStore<E> {
     }
 
     async fn complete(&self, lease: &HeldLease, response: SavedResponse) -> Result<Fenced, StoreError> {
-        self.transition(&lease.caller, &lease.key, |found, now| {
-            machine::complete(found, lease.token, response.clone(), now, &self.policy)
-        })
-        .await
+        let result = self
+            .transition(&lease.caller, &lease.key, |found, now| {
+                machine::complete(found, lease.token, response.clone(), now, &self.policy)
+            })
+            .await;
+        self.announce_end(lease, &result);
+        result
     }
 
     async fn release(&self, lease: &HeldLease) -> Result<Fenced, StoreError> {
-        self.transition(&lease.caller, &lease.key, |found, now| {
-            machine::release(found, lease.token, now)
-        })
-        .await
+        let result = self
+            .transition(&lease.caller, &lease.key, |found, now| {
+                machine::release(found, lease.token, now)
+            })
+            .await;
+        self.announce_end(lease, &result);
+        result
     }
 
     async fn abandon(&self, lease: &HeldLease) -> Result<Fenced, StoreError> {
-        self.transition(&lease.caller, &lease.key, |found, now| {
-            machine::abandon(found, lease.token, now)
-        })
-        .await
+        let result = self
+            .transition(&lease.caller, &lease.key, |found, now| {
+                machine::abandon(found, lease.token, now)
+            })
+            .await;
+        self.announce_end(lease, &result);
+        result
     }
 
     async fn purge_expired(&self, limit: usize) -> Result<PurgeReport, StoreError> {
@@ -515,6 +548,10 @@ impl<E: Engine> IdempotencyStore for FdbStore<E> {
                 read_record(&tx, slot).await
             })
             .await
+    }
+
+    fn record_changes(&self) -> Option<&ChangeHub> {
+        Some(self.engine.change_hub())
     }
 
     async fn ping(&self) -> Result<(), StoreError> {

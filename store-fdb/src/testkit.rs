@@ -221,6 +221,14 @@ impl<E: Engine> Engine for ObservedEngine<E> {
         self.inner.name()
     }
 
+    fn change_hub(&self) -> &store_core::ChangeHub {
+        self.inner.change_hub()
+    }
+
+    fn record_watches(&self, layout: &crate::keys::KeyLayout) -> Option<std::sync::Arc<dyn store_core::ChangeSource>> {
+        self.inner.record_watches(layout)
+    }
+
     async fn run<T, F, Fut>(&self, options: RunOptions, body: F) -> Result<T, StoreError>
     where
         T: Send,
@@ -764,7 +772,7 @@ pub async fn embedded() -> TestEngine<crate::EmbeddedEngine> {
 }
 
 #[cfg(feature = "foundationdb")]
-pub use self::foundationdb::{TEST_PREFIX_START, foundationdb, foundationdb_store};
+pub use self::foundationdb::{TEST_PREFIX_START, foundationdb, foundationdb_store, foundationdb_store_pair};
 
 #[cfg(feature = "foundationdb")]
 mod foundationdb {
@@ -831,6 +839,29 @@ see store-fdb/FOUNDATIONDB.md";
             Ok(Err(error)) => cluster_unavailable("ping", error),
             Err(_) => cluster_unavailable("ping", format!("no answer within {CLUSTER_REACHABLE_MS_MAX} ms")),
         }
+    }
+
+    /// Two stores for store-core's waiting suite, under one fresh prefix,
+    /// each over a `Database` handle of its own: two instances, whose
+    /// waiters only hear of each other's writes through FoundationDB's
+    /// watches (each handle has its own hub).
+    pub async fn foundationdb_store_pair(
+        policy: Policy,
+    ) -> (store_core::testkit::SharedStore, store_core::testkit::SharedStore) {
+        let first = foundationdb().await;
+        let network = FoundationDbNetwork::start().unwrap_or_else(|error| cluster_unavailable("network", error));
+        let engine = FoundationDbEngine::open(network, None).unwrap_or_else(|error| cluster_unavailable("open", error));
+        let second = TestEngine {
+            engine,
+            prefix: first.prefix.clone(),
+            clock: first.clock.clone(),
+            engine_time: EngineTime::Wall,
+        };
+        // The waiting suite's deadlines are real time: both stores read the
+        // system clock, as FoundationDB's own limits do.
+        let (first, second): (FoundationDbStore, FoundationDbStore) =
+            (first.store_on_engine_time(policy), second.store_on_engine_time(policy));
+        (std::sync::Arc::new(first), std::sync::Arc::new(second))
     }
 
     /// A store for store-core's conformance suite, under a fresh prefix,

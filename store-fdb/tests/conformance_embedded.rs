@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use store_core::testkit::SharedStore;
 use store_core::{Policy, SharedClock};
-use store_fdb::{EmbeddedConfig, EmbeddedStore};
+use store_fdb::{EmbeddedConfig, EmbeddedEngine, EmbeddedStore, FdbStore, KEY_PREFIX_DEFAULT};
 
 async fn embedded_store(policy: Policy, clock: SharedClock) -> SharedStore {
     let config = EmbeddedConfig::temporary();
@@ -13,3 +13,17 @@ async fn embedded_store(policy: Policy, clock: SharedClock) -> SharedStore {
 }
 
 store_core::conformance_tests!(clocked: embedded_store);
+
+/// Two stores over one engine: two instances on one database. (Two
+/// processes cannot open one embedded database, so in-process is all there
+/// is to wake.)
+async fn embedded_store_pair(policy: Policy) -> (SharedStore, SharedStore) {
+    let engine = EmbeddedEngine::open(&EmbeddedConfig::temporary()).expect("open embedded engine");
+    let first = FdbStore::new(engine.clone(), KEY_PREFIX_DEFAULT, policy);
+    let second = FdbStore::new(engine, KEY_PREFIX_DEFAULT, policy);
+    (Arc::new(first), Arc::new(second))
+}
+
+mod waiting {
+    store_core::waiting_tests!(super::embedded_store_pair);
+}

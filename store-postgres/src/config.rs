@@ -109,6 +109,12 @@ impl PostgresConfig {
     /// Builds the pool. No connection is opened until the first call, so a
     /// database that is down at startup surfaces as retryable errors later,
     /// not as a failure here.
+    /// The driver settings of the store's change listener
+    /// (`notify.rs`): the pool's, on a connection of its own.
+    pub(crate) fn listener_config(&self) -> Result<tokio_postgres::Config, ConfigError> {
+        self.driver_config()
+    }
+
     pub(crate) fn build_pool(&self) -> Result<Pool, ConfigError> {
         self.validate()?;
         let manager = Manager::from_config(

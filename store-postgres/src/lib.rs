@@ -18,6 +18,7 @@ mod config;
 mod effect;
 mod error;
 mod migrate;
+mod notify;
 mod one_statement;
 mod row;
 mod store;
@@ -37,6 +38,10 @@ pub use error::{CompleteWithError, EffectError, RETRY_BACKOFF_MS_MAX, TRANSACTIO
 pub use migrate::{
     MIGRATION_LOCK_KEY, MIGRATION_NAMESPACE_BYTES_MAX, MIGRATION_STATEMENT_TIMEOUT_MS, MigrateError, Migration,
     MigrationReport, STORE_MIGRATION_NAMESPACE, STORE_MIGRATIONS,
+};
+pub use notify::{
+    CHANGES_CHANNEL, LISTENER_APPLICATION_NAME, LISTENER_KEEPALIVE_IDLE_MS, LISTENER_RETRY_DELAY_MS_MAX,
+    LISTENER_RETRY_DELAY_MS_MIN,
 };
 pub use store::PostgresStore;
 pub use tokio_postgres;

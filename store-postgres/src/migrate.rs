@@ -37,12 +37,20 @@ pub struct Migration {
 }
 
 /// The store's migrations, in order.
-pub const STORE_MIGRATIONS: &[Migration] = &[Migration {
-    namespace: STORE_MIGRATION_NAMESPACE,
-    version: 1,
-    name: "idempotency_keys",
-    sql: include_str!("../migrations/0001_idempotency_keys.sql"),
-}];
+pub const STORE_MIGRATIONS: &[Migration] = &[
+    Migration {
+        namespace: STORE_MIGRATION_NAMESPACE,
+        version: 1,
+        name: "idempotency_keys",
+        sql: include_str!("../migrations/0001_idempotency_keys.sql"),
+    },
+    Migration {
+        namespace: STORE_MIGRATION_NAMESPACE,
+        version: 2,
+        name: "record_change_notifications",
+        sql: include_str!("../migrations/0002_record_change_notifications.sql"),
+    },
+];
 
 const CREATE_LEDGER: &str = "CREATE TABLE IF NOT EXISTS schema_migrations (
     namespace  text        NOT NULL,

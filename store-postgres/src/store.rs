@@ -12,16 +12,18 @@
 
 use crate::config::{ConfigError, PostgresConfig};
 use crate::error::{Attempt, RETRY_BACKOFF_MS_MAX, TRANSACTION_ATTEMPTS_MAX};
+use crate::notify::ChangeListener;
 use crate::one_statement::{self, FencedWrite};
 use crate::row::{RecordColumns, Slot, guard_of, record_columns, record_from_row, time_column};
 use async_trait::async_trait;
 use deadpool_postgres::{GenericClient, Pool};
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 use store_core::machine::{self, Found, Write};
 use store_core::{
-    CallerId, ClaimOutcome, ClaimRequest, Fenced, HeldLease, IdempotencyKey, IdempotencyStore, PURGE_BATCH_MAX, Policy,
-    PurgeReport, Record, RecoveryPoint, SavedResponse, StoreError,
+    CallerId, ChangeHub, ClaimOutcome, ClaimRequest, Fenced, HeldLease, IdempotencyKey, IdempotencyStore,
+    PURGE_BATCH_MAX, Policy, PurgeReport, Record, RecordId, RecoveryPoint, SavedResponse, StoreError,
 };
 
 const SELECT_CLOCK: &str = "SELECT now() AS now";
@@ -104,6 +106,8 @@ pub struct PostgresStore {
     pub(crate) pool: Pool,
     pub(crate) policy: Policy,
     operation_timeout: Duration,
+    /// Waiters on this instance, woken by its change listener (`notify.rs`).
+    changes: ChangeHub,
 }
 
 impl std::fmt::Debug for PostgresStore {
@@ -120,10 +124,12 @@ impl PostgresStore {
     /// that is down shows up as retryable errors from the calls. Run
     /// [`PostgresStore::migrate`] once before serving.
     pub fn new(config: &PostgresConfig, policy: Policy) -> Result<Self, ConfigError> {
+        let listener = ChangeListener::new(config.listener_config()?);
         Ok(Self {
             pool: config.build_pool()?,
             policy,
             operation_timeout: config.operation_timeout(),
+            changes: ChangeHub::with_source(Arc::new(listener)),
         })
     }
 
@@ -134,6 +140,16 @@ impl PostgresStore {
     /// The pool, for the server's own queries on the same database.
     pub fn pool(&self) -> &Pool {
         &self.pool
+    }
+
+    /// Wakes this instance's waiters at once after its own write that may
+    /// have ended a started state; other instances hear of it through the
+    /// trigger's notification (docs/design.md#waiting). Only a lost lease
+    /// certainly wrote nothing.
+    fn announce_end(&self, lease: &HeldLease, result: &Result<Fenced, StoreError>) {
+        if !matches!(result, Ok(Fenced::LeaseLost)) {
+            self.changes.notify(&RecordId::new(&lease.caller, &lease.key));
+        }
     }
 
     /// Runs `attempt` until it succeeds, fails for good, or has met
@@ -392,15 +408,25 @@ impl IdempotencyStore for PostgresStore {
     }
 
     async fn complete(&self, lease: &HeldLease, response: SavedResponse) -> Result<Fenced, StoreError> {
-        self.fenced(lease, FencedWrite::Complete(&response)).await
+        let result = self.fenced(lease, FencedWrite::Complete(&response)).await;
+        self.announce_end(lease, &result);
+        result
     }
 
     async fn release(&self, lease: &HeldLease) -> Result<Fenced, StoreError> {
-        self.fenced(lease, FencedWrite::Release).await
+        let result = self.fenced(lease, FencedWrite::Release).await;
+        self.announce_end(lease, &result);
+        result
     }
 
     async fn abandon(&self, lease: &HeldLease) -> Result<Fenced, StoreError> {
-        self.fenced(lease, FencedWrite::Abandon).await
+        let result = self.fenced(lease, FencedWrite::Abandon).await;
+        self.announce_end(lease, &result);
+        result
+    }
+
+    fn record_changes(&self) -> Option<&ChangeHub> {
+        Some(&self.changes)
     }
 
     async fn purge_expired(&self, limit: usize) -> Result<PurgeReport, StoreError> {

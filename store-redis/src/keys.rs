@@ -27,6 +27,10 @@ pub struct RecordKeys {
     pub record: String,
     /// The string whose presence says a record under this key existed.
     pub tombstone: String,
+    /// The pub/sub channel the scripts announce the end of a started state
+    /// on (`notify.rs`); it shares the record's hash tag, so on Cluster it
+    /// is a sharded channel of the record's own slot.
+    pub changes: String,
 }
 
 impl RecordKeys {
@@ -35,6 +39,7 @@ impl RecordKeys {
         Self {
             record: format!("{tag}:rec"),
             tombstone: format!("{tag}:tomb"),
+            changes: format!("{tag}{}", crate::notify::CHANGE_CHANNEL_SUFFIX),
         }
     }
 }

@@ -20,6 +20,7 @@ pub mod config;
 mod connection;
 mod errors;
 pub mod keys;
+pub mod notify;
 mod record;
 mod reply;
 pub mod scripts;

@@ -5,15 +5,17 @@ use crate::config::{RedisConfig, WaitConfig};
 use crate::connection::Connection;
 use crate::errors::store_error;
 use crate::keys::RecordKeys;
+use crate::notify::{ChangeSubscriber, publish_mode};
 use crate::record::{encode_response, fingerprint_hex, record_from_fields, token_hex};
 use crate::reply::{claim_outcome, fenced_outcome};
 use crate::scripts::Scripts;
 use async_trait::async_trait;
 use redis::{Script, Value};
 use std::collections::HashMap;
+use std::sync::Arc;
 use store_core::{
-    CallerId, ClaimOutcome, ClaimRequest, Fenced, HeldLease, IdempotencyKey, IdempotencyStore, Policy, PurgeReport,
-    Record, RecoveryPoint, SavedResponse, StoreError,
+    CallerId, ChangeHub, ClaimOutcome, ClaimRequest, Fenced, HeldLease, IdempotencyKey, IdempotencyStore, Policy,
+    PurgeReport, Record, RecordId, RecoveryPoint, SavedResponse, StoreError,
 };
 
 /// The Redis backend. Cheap to clone; clones share one connection.
@@ -26,6 +28,10 @@ pub struct RedisStore {
     wait: Option<WaitConfig>,
     accept_eviction: bool,
     report: ServerReport,
+    /// Waiters on this instance, woken by its subscriber (`notify.rs`).
+    changes: ChangeHub,
+    /// How the scripts publish a change: sharded on Cluster.
+    publish_mode: &'static str,
 }
 
 impl RedisStore {
@@ -41,6 +47,8 @@ impl RedisStore {
             .await
             .map_err(|error| store_error("connect", error))?;
         let report = check_server(&mut connection, config.accept_eviction).await?;
+        let publish_mode = publish_mode(config.cluster);
+        let changes = ChangeHub::with_source(Arc::new(ChangeSubscriber::new(config.clone())));
         Ok(Self {
             connection,
             scripts: Scripts::new(),
@@ -49,6 +57,8 @@ impl RedisStore {
             wait: config.wait,
             accept_eviction: config.accept_eviction,
             report,
+            changes,
+            publish_mode,
         })
     }
 
@@ -131,6 +141,28 @@ impl RedisStore {
         }
         Ok(outcome)
     }
+
+    /// A fenced write that ends a started state: the script also publishes
+    /// on the record's channel, and this instance's own waiters are woken at
+    /// once (docs/design.md#waiting). Only a lost lease certainly wrote
+    /// nothing.
+    async fn ending(
+        &self,
+        name: &str,
+        script: &Script,
+        lease: &HeldLease,
+        args: &[&[u8]],
+    ) -> Result<Fenced, StoreError> {
+        let channel = self.keys(&lease.caller, &lease.key).changes;
+        let mut args = args.to_vec();
+        args.push(self.publish_mode.as_bytes());
+        args.push(channel.as_bytes());
+        let result = self.fenced(name, script, lease, &args).await;
+        if !matches!(result, Ok(Fenced::LeaseLost)) {
+            self.changes.notify(&RecordId::new(&lease.caller, &lease.key));
+        }
+        result
+    }
 }
 
 #[async_trait]
@@ -174,18 +206,18 @@ impl IdempotencyStore for RedisStore {
             retention_ms.as_bytes(),
             tombstone_ms.as_bytes(),
         ];
-        self.fenced("complete", &self.scripts.complete, lease, &args).await
+        self.ending("complete", &self.scripts.complete, lease, &args).await
     }
 
     async fn release(&self, lease: &HeldLease) -> Result<Fenced, StoreError> {
         let token = token_hex(lease.token);
-        self.fenced("release", &self.scripts.release, lease, &[token.as_bytes()])
+        self.ending("release", &self.scripts.release, lease, &[token.as_bytes()])
             .await
     }
 
     async fn abandon(&self, lease: &HeldLease) -> Result<Fenced, StoreError> {
         let token = token_hex(lease.token);
-        self.fenced("abandon", &self.scripts.abandon, lease, &[token.as_bytes()])
+        self.ending("abandon", &self.scripts.abandon, lease, &[token.as_bytes()])
             .await
     }
 
@@ -212,6 +244,10 @@ impl IdempotencyStore for RedisStore {
             .map(|(name, value)| (String::from_utf8_lossy(&name).into_owned(), value))
             .collect();
         record_from_fields(fields).map(Some)
+    }
+
+    fn record_changes(&self) -> Option<&ChangeHub> {
+        Some(&self.changes)
     }
 
     async fn ping(&self) -> Result<(), StoreError> {

@@ -50,6 +50,9 @@ const KEYSPACE_NAME: &str = "idem";
 #[derive(Clone)]
 pub struct EmbeddedEngine {
     shared: Arc<Shared>,
+    /// Waiters of the stores over this engine: notified in process only,
+    /// since no other process can open the database.
+    changes: store_core::ChangeHub,
 }
 
 struct Shared {
@@ -99,6 +102,7 @@ impl EmbeddedEngine {
                 reopens: AtomicU64::new(0),
                 clock,
             }),
+            changes: store_core::ChangeHub::new(),
         })
     }
 

@@ -17,6 +17,10 @@ const BACKOFF_MS_MAX: u64 = 200;
 impl Engine for EmbeddedEngine {
     type Tx = EmbeddedTx;
 
+    fn change_hub(&self) -> &store_core::ChangeHub {
+        &self.changes
+    }
+
     fn name(&self) -> &'static str {
         "embedded"
     }

@@ -1,5 +1,7 @@
 -- Delete the record: validation failed before any effect (machine.rs abandon).
--- ARGV: token. Replies 'applied' or 'lease_lost'.
+-- ARGV: token.
+-- Then the publish mode and the change channel (prelude's announce_change).
+-- Replies 'applied' or 'lease_lost'.
 local token = ARGV[1]
 local now = now_ms()
 local record = live(read_record(KEYS[1]), now)
@@ -19,4 +21,5 @@ if before > now then
 else
   redis.call('DEL', KEYS[2])
 end
+announce_change()
 return 'applied'

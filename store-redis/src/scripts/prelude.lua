@@ -83,3 +83,17 @@ local function mark_tombstone(key, expires_at_ms, tombstone_ms)
     redis.call('SET', key, int(until_ms), 'PXAT', int(until_ms))
   end
 end
+
+-- Wakes the record's waiters in every instance (docs/design.md#waiting;
+-- store-redis/src/notify.rs), after a write that ended a started state. The
+-- last two arguments say how: 'sharded' (Redis Cluster: SPUBLISH, which
+-- stays on the record's shard) or 'plain' (PUBLISH), and the channel, which
+-- carries the record's hash tag.
+local function announce_change()
+  local count = #ARGV
+  if ARGV[count - 1] == 'sharded' then
+    redis.call('SPUBLISH', ARGV[count], 'changed')
+  else
+    redis.call('PUBLISH', ARGV[count], 'changed')
+  end
+end

@@ -93,4 +93,8 @@ impl<S: Send + Sync> IdempotencyStore for StoreWithServer<S> {
     async fn ping(&self) -> Result<(), StoreError> {
         self.store.ping().await
     }
+
+    fn record_changes(&self) -> Option<&store_core::ChangeHub> {
+        self.store.record_changes()
+    }
 }

@@ -1,0 +1,152 @@
+//! PostgreSQL `LISTEN/NOTIFY` as the notification source of waiting
+//! (docs/design.md#waiting).
+//!
+//! The store's writes notify through triggers (migration 0002): channel
+//! [`CHANGES_CHANNEL`], payload `caller:hex key digest`, sent at commit in
+//! the transaction of the write. Each store instance keeps one dedicated
+//! connection (outside the pool, named [`LISTENER_APPLICATION_NAME`]) that
+//! listens on the channel and hands every notification to the store's
+//! [`ChangeHub`](store_core::ChangeHub), which wakes that record's local
+//! waiters. The connection is opened when the first waiter arrives, not
+//! before: a server that never waits keeps no extra connection.
+//!
+//! When the connection fails it is opened again after a pause that doubles
+//! up to [`LISTENER_RETRY_DELAY_MS_MAX`]; meanwhile the waiters' fallback
+//! poll covers the notifications that nobody heard. Each time `LISTEN`
+//! succeeds, every waiter is woken once to read its record again, since
+//! notifications sent before that were lost.
+
+use std::future::poll_fn;
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+use store_core::{ChangeNotifier, ChangeSource, RecordId, WatchGuard};
+use tokio::task::JoinHandle;
+use tokio_postgres::{AsyncMessage, NoTls};
+
+/// The channel the triggers notify on.
+pub const CHANGES_CHANNEL: &str = "idem_record_changed";
+/// `application_name` of the listening connection, to tell it apart in
+/// `pg_stat_activity`.
+pub const LISTENER_APPLICATION_NAME: &str = "idem-listener";
+/// First pause before opening the listening connection again.
+pub const LISTENER_RETRY_DELAY_MS_MIN: u64 = 50;
+/// Longest pause between attempts to open the listening connection.
+pub const LISTENER_RETRY_DELAY_MS_MAX: u64 = 2_000;
+/// TCP keepalive idle time of the listening connection: a connection that
+/// died silently (a partition) is noticed within about this, instead of the
+/// kernel's two hours, and the poll covers the waiters until then.
+pub const LISTENER_KEEPALIVE_IDLE_MS: u64 = 30_000;
+
+/// The listening task of one store instance, started by the first waiter.
+pub(crate) struct ChangeListener {
+    config: tokio_postgres::Config,
+    task: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl ChangeListener {
+    pub(crate) fn new(mut config: tokio_postgres::Config) -> Self {
+        config
+            .application_name(LISTENER_APPLICATION_NAME)
+            .keepalives(true)
+            .keepalives_idle(Duration::from_millis(LISTENER_KEEPALIVE_IDLE_MS));
+        Self {
+            config,
+            task: Mutex::new(None),
+        }
+    }
+}
+
+impl ChangeSource for ChangeListener {
+    fn watch_record(&self, _record: &RecordId, notifier: ChangeNotifier) -> WatchGuard {
+        let mut task = self.task.lock().unwrap_or_else(PoisonError::into_inner);
+        let running = task.as_ref().is_some_and(|task| !task.is_finished());
+        // Outside a runtime there is nothing to spawn on; the waiters poll.
+        if !running && let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            *task = Some(runtime.spawn(listen_while_alive(self.config.clone(), notifier)));
+        }
+        WatchGuard::none()
+    }
+}
+
+impl Drop for ChangeListener {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.get_mut().unwrap_or_else(PoisonError::into_inner).take() {
+            task.abort();
+        }
+    }
+}
+
+/// Listens, and listens again after each failure, until the store is gone.
+async fn listen_while_alive(config: tokio_postgres::Config, notifier: ChangeNotifier) {
+    let mut failures: u32 = 0;
+    while notifier.is_alive() {
+        match listen(&config, &notifier).await {
+            Ok(()) => failures = 0,
+            Err(error) => {
+                failures = failures.saturating_add(1);
+                tracing::warn!(%error, failures, "the postgresql change listener failed; waiters poll until it listens again");
+            }
+        }
+        tokio::time::sleep(retry_delay(failures)).await;
+    }
+}
+
+/// One connection's life: `LISTEN`, wake every waiter, then hand on each
+/// notification until the connection ends or the store is gone.
+async fn listen(config: &tokio_postgres::Config, notifier: &ChangeNotifier) -> Result<(), tokio_postgres::Error> {
+    let (client, mut connection) = config.connect(NoTls).await?;
+    let statement = format!("LISTEN {CHANGES_CHANNEL}");
+    let listen = client.batch_execute(&statement);
+    tokio::pin!(listen);
+    // The connection must be driven for LISTEN to be answered.
+    loop {
+        tokio::select! {
+            answer = &mut listen => { answer?; break; }
+            message = poll_fn(|context| connection.poll_message(context)) => {
+                match message {
+                    Some(Ok(message)) => {
+                        if !hand_on(message, notifier) {
+                            return Ok(());
+                        }
+                    }
+                    Some(Err(error)) => return Err(error),
+                    None => return Ok(()),
+                }
+            }
+        }
+    }
+    tracing::debug!("the postgresql change listener is listening");
+    notifier.notify_all();
+    while let Some(message) = poll_fn(|context| connection.poll_message(context)).await {
+        if !hand_on(message?, notifier) {
+            return Ok(());
+        }
+    }
+    Ok(())
+}
+
+/// Wakes the waiters of the record a notification names; false once the
+/// store is gone.
+fn hand_on(message: AsyncMessage, notifier: &ChangeNotifier) -> bool {
+    let AsyncMessage::Notification(notification) = message else {
+        return notifier.is_alive();
+    };
+    match RecordId::from_tag(notification.payload()) {
+        Some(record) => notifier.notify(&record),
+        None => {
+            tracing::warn!(
+                payload = notification.payload(),
+                "a notification on the change channel names no record"
+            );
+            notifier.is_alive()
+        }
+    }
+}
+
+fn retry_delay(failures: u32) -> Duration {
+    if failures == 0 {
+        return Duration::from_millis(LISTENER_RETRY_DELAY_MS_MIN);
+    }
+    let doubled = LISTENER_RETRY_DELAY_MS_MIN.saturating_mul(1 << failures.min(16));
+    Duration::from_millis(doubled.min(LISTENER_RETRY_DELAY_MS_MAX))
+}
