@@ -16,6 +16,6 @@ pub mod types;
 pub mod testkit;
 
 pub use codec::{CodecError, decode_record, encode_record};
-pub use outcome::{Acquired, ClaimOutcome, ClaimRequest, Fenced, HeldLease, PurgeReport};
+pub use outcome::{Acquired, ClaimOutcome, ClaimRequest, Fenced, ForgetOutcome, HeldLease, PurgeReport};
 pub use store::{BoxError, IdempotencyStore, PURGE_BATCH_MAX, StoreError};
 pub use types::*;

@@ -7,7 +7,7 @@
 //! the parent module.
 
 use super::{SharedStore, key, response, unique_caller};
-use crate::outcome::{ClaimOutcome, ClaimRequest, Fenced, HeldLease};
+use crate::outcome::{ClaimOutcome, ClaimRequest, Fenced, ForgetOutcome, HeldLease};
 use crate::types::{CallerId, Fingerprint, LeaseToken, Policy, RecordState, RecoveryPoint};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
@@ -26,12 +26,32 @@ pub fn model_policy() -> Policy {
 
 #[derive(Debug, Clone)]
 enum Op {
-    Claim { key: usize, body: usize },
-    Checkpoint { attempt: usize, point: u8 },
-    Complete { attempt: usize, response: u8 },
-    Release { attempt: usize },
-    Abandon { attempt: usize },
-    Inspect { key: usize },
+    Claim {
+        key: usize,
+        body: usize,
+    },
+    Checkpoint {
+        attempt: usize,
+        point: u8,
+    },
+    Complete {
+        attempt: usize,
+        response: u8,
+    },
+    Release {
+        attempt: usize,
+    },
+    Abandon {
+        attempt: usize,
+    },
+    Inspect {
+        key: usize,
+    },
+    /// Every record the model holds is readable: forgetting one must leave
+    /// it unchanged (`Readable`), and an absent one is `NotFound`.
+    Forget {
+        key: usize,
+    },
 }
 
 fn op_strategy() -> impl Strategy<Value = Op> {
@@ -42,6 +62,7 @@ fn op_strategy() -> impl Strategy<Value = Op> {
         1 => any::<usize>().prop_map(|attempt| Op::Release { attempt }),
         1 => any::<usize>().prop_map(|attempt| Op::Abandon { attempt }),
         1 => (0..KEYS).prop_map(|key| Op::Inspect { key }),
+        1 => (0..KEYS).prop_map(|key| Op::Forget { key }),
     ]
 }
 
@@ -151,7 +172,7 @@ impl Model {
             Op::Abandon { .. } => {
                 self.records.remove(&key);
             }
-            Op::Claim { .. } | Op::Inspect { .. } => unreachable!("not a fenced operation"),
+            Op::Claim { .. } | Op::Inspect { .. } | Op::Forget { .. } => unreachable!("not a fenced operation"),
         }
         true
     }
@@ -209,6 +230,7 @@ async fn run_sequence(store: &SharedStore, ops: &[Op]) -> Result<(), TestCaseErr
                 })?;
             }
             Op::Inspect { key: k } => inspect_matches(store, &caller, &model, *k, &context()).await?,
+            Op::Forget { key: k } => forget_keeps_what_is_readable(store, &caller, &model, *k, &context()).await?,
             fenced => {
                 let Some((k, lease)) = pick(&attempts, fenced) else {
                     continue;
@@ -219,7 +241,7 @@ async fn run_sequence(store: &SharedStore, ops: &[Op]) -> Result<(), TestCaseErr
                     Op::Complete { response: r, .. } => store.complete(&lease, response(*r)).await,
                     Op::Release { .. } => store.release(&lease).await,
                     Op::Abandon { .. } => store.abandon(&lease).await,
-                    Op::Claim { .. } | Op::Inspect { .. } => unreachable!("handled above"),
+                    Op::Claim { .. } | Op::Inspect { .. } | Op::Forget { .. } => unreachable!("handled above"),
                 };
                 let actual =
                     result.map_err(|e| TestCaseError::fail(format!("{}: {e}", context())))? == Fenced::Applied(());
@@ -241,13 +263,36 @@ fn pick(attempts: &[(usize, HeldLease)], op: &Op) -> Option<(usize, HeldLease)> 
         | Op::Complete { attempt, .. }
         | Op::Release { attempt }
         | Op::Abandon { attempt } => *attempt,
-        Op::Claim { .. } | Op::Inspect { .. } => return None,
+        Op::Claim { .. } | Op::Inspect { .. } | Op::Forget { .. } => return None,
     };
     if attempts.is_empty() {
         None
     } else {
         Some(attempts[index % attempts.len()].clone())
     }
+}
+
+/// Forgets key `k`, then checks that the record is still the model's.
+async fn forget_keeps_what_is_readable(
+    store: &SharedStore,
+    caller: &CallerId,
+    model: &Model,
+    k: usize,
+    context: &str,
+) -> Result<(), TestCaseError> {
+    let outcome = store
+        .forget_unreadable_record(caller, key(&key_text(k)).digest())
+        .await
+        .map_err(|e| TestCaseError::fail(format!("{context}: {e}")))?;
+    let expected = if model.records.contains_key(&k) {
+        ForgetOutcome::Readable
+    } else {
+        ForgetOutcome::NotFound
+    };
+    check(outcome == expected, || {
+        format!("{context}: store {outcome:?}, model {expected:?}")
+    })?;
+    inspect_matches(store, caller, model, k, context).await
 }
 
 async fn inspect_matches(
