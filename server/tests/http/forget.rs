@@ -316,3 +316,36 @@ async fn post_label(base: &str, key: &str, body: &str) -> Reply {
         .expect("server answers");
     Reply::read("POST", "/v1/labels", response).await
 }
+
+/// FoundationDB records (the server's `foundationdb` feature, on the
+/// cluster scripts/test-foundationdb starts): the same transaction as on
+/// the embedded engine, beside whatever else uses the cluster.
+#[cfg(feature = "foundationdb")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forget_unreadable_record_clears_a_key_of_foundationdb() {
+    use store_fdb::{FoundationDbConfig, FoundationDbNetwork, FoundationDbStore, KeyPrefix};
+    let cluster_file = crate::common::foundationdb_cluster_file();
+    let prefix = format!("t{:016x}", rand::random::<u64>());
+    let network = FoundationDbNetwork::start().expect("start the FoundationDB network");
+    let store_config = FoundationDbConfig {
+        cluster_file: Some(cluster_file.clone()),
+        prefix: KeyPrefix::Bytes(prefix.as_bytes().to_vec()),
+        ..FoundationDbConfig::default()
+    };
+    let store = FoundationDbStore::open_foundationdb(network, &store_config, Policy::default())
+        .await
+        .expect("open the FoundationDB store");
+    let dir = TempDir::new().unwrap();
+    let section = format!(
+        "[store]\nkind = \"foundationdb\"\n\n[store.foundationdb]\ncluster_file = \"{cluster_file}\"\nkey_prefix = \"{prefix}\"\n"
+    );
+    let config = config_file(dir.path(), &section);
+    run_once(&store).await;
+    overwrite_with_unreadable_bytes(&store, &caller(), claim_request(&caller(), KEY, BODY).key.digest()).await;
+    assert!(matches!(claim(&store).await, Err(StoreError::Corrupt(_))));
+
+    let deleted = forget(&config, &["--caller", CALLER, "--key-sha256", &key_sha256()]).await;
+    assert_eq!(deleted.code, Some(0), "{}{}", deleted.stdout, deleted.stderr);
+    assert!(deleted.stdout.contains("deleted:"), "{}", deleted.stdout);
+    assert!(matches!(claim(&store).await.unwrap(), ClaimOutcome::Acquired(_)));
+}

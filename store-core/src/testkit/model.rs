@@ -24,34 +24,18 @@ pub fn model_policy() -> Policy {
     Policy::new(60_000, 120_000, 60_000).expect("model policy is valid")
 }
 
+/// One step of a sequence. Every record the model holds is readable, so a
+/// `Forget` must leave it unchanged (`Readable`), and an absent one is
+/// `NotFound`.
 #[derive(Debug, Clone)]
 enum Op {
-    Claim {
-        key: usize,
-        body: usize,
-    },
-    Checkpoint {
-        attempt: usize,
-        point: u8,
-    },
-    Complete {
-        attempt: usize,
-        response: u8,
-    },
-    Release {
-        attempt: usize,
-    },
-    Abandon {
-        attempt: usize,
-    },
-    Inspect {
-        key: usize,
-    },
-    /// Every record the model holds is readable: forgetting one must leave
-    /// it unchanged (`Readable`), and an absent one is `NotFound`.
-    Forget {
-        key: usize,
-    },
+    Claim { key: usize, body: usize },
+    Checkpoint { attempt: usize, point: u8 },
+    Complete { attempt: usize, response: u8 },
+    Release { attempt: usize },
+    Abandon { attempt: usize },
+    Inspect { key: usize },
+    Forget { key: usize },
 }
 
 fn op_strategy() -> impl Strategy<Value = Op> {
