@@ -271,6 +271,15 @@ impl Idempotency {
                 Ok(outcome) => return Ok(outcome),
                 Err(error) => error,
             };
+            if let StoreError::Corrupt(codec) = &error {
+                // The caller and digest are what an operator needs to clear
+                // the key (idem's server: `server forget-unreadable-record`,
+                // RELIABILITY.md section 10).
+                tracing::error!(error = %codec, caller = %request.caller, key_sha256 = %request.key.digest(),
+                    "a stored record is unreadable; if it stays so, clear it with \
+                     `server forget-unreadable-record --caller CALLER --key-sha256 KEY_SHA256`");
+                return Err(IdempotencyError::RecordUnreadable);
+            }
             if !error.is_retryable() {
                 return Err(self.store_error(&error));
             }

@@ -53,16 +53,47 @@ impl Backends {
 
 /// Opens the stores of `config.store.kind`.
 pub async fn open(config: &Config) -> Result<Backends, BackendError> {
-    let policy = config.policy().map_err(|error| BackendError::Refused {
-        kind: config.store.kind.name(),
-        detail: error.to_string(),
-    })?;
+    let policy = policy_of(config)?;
     match config.store.kind {
         StoreKind::Embedded => open_embedded(config, policy),
         StoreKind::Redis => open_redis(config, policy).await,
         StoreKind::Postgres => open_postgres(config, policy).await,
         StoreKind::Foundationdb => open_foundationdb(config, policy).await,
     }
+}
+
+fn policy_of(config: &Config) -> Result<Policy, BackendError> {
+    config.policy().map_err(|error| BackendError::Refused {
+        kind: config.store.kind.name(),
+        detail: error.to_string(),
+    })
+}
+
+/// Opens only the record store of `config.store.kind`, for the operator's
+/// commands (`server forget-unreadable-record`): no label store, and no
+/// migrations, which are the serving process's to run. On the embedded
+/// store this takes the directory's lock, so it fails while a server runs
+/// on it ([`EmbeddedEngine::is_directory_locked`]); with Redis records and
+/// `store.labels = "embedded"` the label directory is not opened, so it
+/// works beside a running server.
+pub async fn open_records(config: &Config) -> Result<Arc<dyn IdempotencyStore>, BackendError> {
+    let policy = policy_of(config)?;
+    Ok(match config.store.kind {
+        StoreKind::Embedded => embedded_store(config, policy, StoreKind::Embedded)?,
+        StoreKind::Redis => Arc::new(redis_store(config, policy).await?),
+        StoreKind::Postgres => Arc::new(postgres_store(config, policy, "postgres")?),
+        StoreKind::Foundationdb => foundationdb_records(config, policy).await?,
+    })
+}
+
+#[cfg(feature = "foundationdb")]
+async fn foundationdb_records(config: &Config, policy: Policy) -> Result<Arc<dyn IdempotencyStore>, BackendError> {
+    Ok(foundationdb_store(config, policy).await?)
+}
+
+#[cfg(not(feature = "foundationdb"))]
+async fn foundationdb_records(_config: &Config, _policy: Policy) -> Result<Arc<dyn IdempotencyStore>, BackendError> {
+    Err(without_foundationdb())
 }
 
 fn embedded_store(config: &Config, policy: Policy, kind: StoreKind) -> Result<Arc<EmbeddedStore>, BackendError> {
@@ -107,7 +138,8 @@ fn shown_path(path: &std::path::Path) -> String {
         .to_string()
 }
 
-async fn open_redis(config: &Config, policy: Policy) -> Result<Backends, BackendError> {
+/// The Redis record store of `[store.redis]`, connected and checked.
+async fn redis_store(config: &Config, policy: Policy) -> Result<store_redis::RedisStore, BackendError> {
     let redis = &config.store.redis;
     let redis_config = store_redis::RedisConfig {
         urls: redis.urls.clone(),
@@ -124,6 +156,11 @@ async fn open_redis(config: &Config, policy: Policy) -> Result<Backends, Backend
     for warning in &store.server_report().warnings {
         tracing::warn!(warning = %warning, "redis");
     }
+    Ok(store)
+}
+
+async fn open_redis(config: &Config, policy: Policy) -> Result<Backends, BackendError> {
+    let store = redis_store(config, policy).await?;
     let records: Arc<dyn IdempotencyStore> = Arc::new(InstrumentedStore::new(Arc::new(store)));
     if config.store.labels_kind() == LabelsKind::Postgres {
         let labels = PostgresLabels::new(migrated_postgres(config, policy, "redis").await?);
@@ -157,8 +194,8 @@ async fn open_redis(config: &Config, policy: Policy) -> Result<Backends, Backend
     })
 }
 
-/// The PostgreSQL store of `[store.postgres]`, migrated (records and labels).
-async fn migrated_postgres(
+/// The PostgreSQL store of `[store.postgres]`: a pool, not yet connected.
+fn postgres_store(
     config: &Config,
     policy: Policy,
     kind: &'static str,
@@ -172,13 +209,26 @@ async fn migrated_postgres(
         operation_timeout_ms: postgres.operation_timeout_ms,
         ..store_postgres::PostgresConfig::new(postgres.url.clone())
     };
-    let refused = |detail: String| BackendError::Refused { kind, detail };
-    let store =
-        store_postgres::PostgresStore::new(&postgres_config, policy).map_err(|error| refused(error.to_string()))?;
+    store_postgres::PostgresStore::new(&postgres_config, policy).map_err(|error| BackendError::Refused {
+        kind,
+        detail: error.to_string(),
+    })
+}
+
+/// The PostgreSQL store of `[store.postgres]`, migrated (records and labels).
+async fn migrated_postgres(
+    config: &Config,
+    policy: Policy,
+    kind: &'static str,
+) -> Result<store_postgres::PostgresStore, BackendError> {
+    let store = postgres_store(config, policy, kind)?;
     store
         .migrate(&[LABELS_MIGRATION])
         .await
-        .map_err(|error| refused(format!("migrations: {error}")))?;
+        .map_err(|error| BackendError::Refused {
+            kind,
+            detail: format!("migrations: {error}"),
+        })?;
     Ok(store)
 }
 
@@ -193,8 +243,12 @@ async fn open_postgres(config: &Config, policy: Policy) -> Result<Backends, Back
     })
 }
 
+/// The FoundationDB store of `[store.foundationdb]`.
 #[cfg(feature = "foundationdb")]
-async fn open_foundationdb(config: &Config, policy: Policy) -> Result<Backends, BackendError> {
+async fn foundationdb_store(
+    config: &Config,
+    policy: Policy,
+) -> Result<Arc<store_fdb::FoundationDbStore>, BackendError> {
     use store_fdb::{FoundationDbConfig, FoundationDbNetwork, FoundationDbStore, KeyPrefix};
     let settings = &config.store.foundationdb;
     let store_error = |source| BackendError::Store {
@@ -207,10 +261,15 @@ async fn open_foundationdb(config: &Config, policy: Policy) -> Result<Backends, 
         prefix: KeyPrefix::Bytes(settings.key_prefix.as_bytes().to_vec()),
         ..FoundationDbConfig::default()
     };
-    let store = FoundationDbStore::open_foundationdb(network, &fdb_config, policy)
+    FoundationDbStore::open_foundationdb(network, &fdb_config, policy)
         .await
         .map(Arc::new)
-        .map_err(store_error)?;
+        .map_err(store_error)
+}
+
+#[cfg(feature = "foundationdb")]
+async fn open_foundationdb(config: &Config, policy: Policy) -> Result<Backends, BackendError> {
+    let store = foundationdb_store(config, policy).await?;
     Ok(Backends {
         kind: StoreKind::Foundationdb,
         records: Arc::new(InstrumentedStore::new(store.clone())),
@@ -222,11 +281,17 @@ async fn open_foundationdb(config: &Config, policy: Policy) -> Result<Backends, 
 
 #[cfg(not(feature = "foundationdb"))]
 async fn open_foundationdb(_config: &Config, _policy: Policy) -> Result<Backends, BackendError> {
-    Err(BackendError::Refused {
+    Err(without_foundationdb())
+}
+
+/// The refusal of `store.kind = "foundationdb"` by a binary built without it.
+#[cfg(not(feature = "foundationdb"))]
+fn without_foundationdb() -> BackendError {
+    BackendError::Refused {
         kind: "foundationdb",
         detail: "this binary was built without FoundationDB support; rebuild with \
                  `cargo build --release -p server --features foundationdb` (needs FoundationDB's client \
                  library libfdb_c at link time and run time)"
             .to_owned(),
-    })
+    }
 }

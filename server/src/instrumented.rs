@@ -7,8 +7,8 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Instant;
 use store_core::{
-    CallerId, ClaimOutcome, ClaimRequest, Fenced, HeldLease, IdempotencyKey, IdempotencyStore, PurgeReport, Record,
-    RecoveryPoint, SavedResponse, StoreError,
+    CallerId, ClaimOutcome, ClaimRequest, Fenced, ForgetOutcome, HeldLease, IdempotencyKey, IdempotencyStore,
+    KeyDigest, PurgeReport, Record, RecoveryPoint, SavedResponse, StoreError,
 };
 
 /// Runs `operation` and records its duration and result.
@@ -93,6 +93,13 @@ impl IdempotencyStore for InstrumentedStore {
 
     async fn inspect(&self, caller: &CallerId, key: &IdempotencyKey) -> Result<Option<Record>, StoreError> {
         timed(self.backend, "inspect", self.inner.inspect(caller, key)).await
+    }
+
+    /// Not timed: only the operator command `server
+    /// forget-unreadable-record` calls it, once, in a process of its own
+    /// that serves no metrics.
+    async fn forget_unreadable_record(&self, caller: &CallerId, key: KeyDigest) -> Result<ForgetOutcome, StoreError> {
+        self.inner.forget_unreadable_record(caller, key).await
     }
 
     async fn ping(&self) -> Result<(), StoreError> {

@@ -12,6 +12,7 @@
 //! - [`config`]: the TOML config with environment overrides.
 //! - [`connections`]: serving connections (header-read timeout, connection cap, draining).
 //! - [`backend`]: opens the stores `store.kind` names.
+//! - [`forget`]: `server forget-unreadable-record`, the operator's command for an unreadable record.
 //! - [`error`]: the one API error type (RFC 9457 problem details).
 //! - [`redact`]: hides passwords in URLs in errors and `Debug` forms.
 //! - [`observe`], [`limits`], [`auth`], [`media_type`], [`sweeper`], [`metrics`], [`openapi`], [`probes`].
@@ -26,6 +27,7 @@ pub mod config;
 pub mod connections;
 pub mod error;
 pub mod failpoints;
+pub mod forget;
 pub mod idempotency;
 pub mod instrumented;
 pub mod labels;

@@ -5,17 +5,21 @@
 //! server carrier --listen 127.0.0.1:9090           serve the carrier simulator
 //! server hash-token < token.txt                    print a token's SHA-256 for [[callers]]
 //! server hash-token --token-file token.txt         the same, from a file
+//! server forget-unreadable-record --caller C --key-sha256 HEX
+//!                                                  delete one unreadable record (or --key KEY)
 //! ```
 
-use clap::{Parser, Subcommand};
+use clap::{ArgGroup, Parser, Subcommand};
 use server::auth::AUTHORIZATION_BYTES_MAX;
 use server::carrier::CarrierServer;
 use server::config::{Config, LogConfig, LogFormat, token_sha256};
+use server::forget::{KeyNamed, RecordName, RecordNameError};
 use server::redact::redact_secrets;
 use server::{App, StartupError};
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use store_core::ForgetOutcome;
 use tracing_subscriber::EnvFilter;
 
 /// mimalloc instead of glibc's malloc: the request path allocates and frees
@@ -54,10 +58,32 @@ enum Command {
         #[arg(hide = true, num_args = 0.., allow_hyphen_values = true)]
         token_on_command_line: Vec<String>,
     },
+    /// Delete the record of one key if, and only if, it cannot be decoded
+    /// (the key answers 500 record_unreadable). Opens the store --config
+    /// names; the embedded store only while no server runs on it. Exit 0:
+    /// deleted or no record; 3: the record is readable and was kept; 2: bad
+    /// input; 1: the store could not be opened or failed.
+    #[command(group(ArgGroup::new("key_name").required(true).args(["key_sha256", "key"])))]
+    ForgetUnreadableRecord {
+        /// The caller id (`caller` in the log line).
+        #[arg(long)]
+        caller: String,
+        /// The key's SHA-256 in hex (`key_sha256` in the log line).
+        #[arg(long)]
+        key_sha256: Option<String>,
+        /// The key itself, hashed as the stores hash it. ps and the shell
+        /// history keep it: prefer --key-sha256 for keys that may carry
+        /// personal data.
+        #[arg(long, allow_hyphen_values = true)]
+        key: Option<String>,
+    },
 }
 
 /// Exit code of a refused invocation (bad config, bad input), as for a refused config.
 const REFUSED_EXIT_CODE: u8 = 2;
+/// Exit code of `forget-unreadable-record` when the record is readable and
+/// was kept.
+const FORGET_REFUSED_READABLE_EXIT_CODE: u8 = 3;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -69,6 +95,22 @@ fn main() -> ExitCode {
     {
         return hash_token(token_file.as_deref(), token_on_command_line);
     }
+    // The record's name is checked before the config is read or any store
+    // opened, so bad input changes nothing.
+    let forget_record = match &command {
+        Command::ForgetUnreadableRecord {
+            caller,
+            key_sha256,
+            key,
+        } => match record_name(caller, key_sha256, key) {
+            Ok(record) => Some(record),
+            Err(reason) => {
+                eprintln!("server forget-unreadable-record: {reason}; nothing was changed");
+                return ExitCode::from(REFUSED_EXIT_CODE);
+            }
+        },
+        _ => None,
+    };
     let config = match Config::from_process(cli.config.as_deref()) {
         Ok(config) => config,
         Err(error) => {
@@ -84,10 +126,15 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if let Some(record) = forget_record {
+        return runtime.block_on(forget_unreadable_record(&config, &record));
+    }
     let result = runtime.block_on(async move {
         match command {
             Command::Carrier { listen } => run_carrier(&config, &listen).await,
-            Command::Serve | Command::HashToken { .. } => run_server(config).await,
+            Command::Serve | Command::HashToken { .. } | Command::ForgetUnreadableRecord { .. } => {
+                run_server(config).await
+            }
         }
     });
     match result {
@@ -153,6 +200,42 @@ fn read_token(token_file: Option<&Path>) -> Result<String, String> {
         return Err("the token must be one line".to_owned());
     }
     Ok(token.to_owned())
+}
+
+/// The record named on the command line (clap refuses both key options
+/// together, and neither).
+fn record_name(caller: &str, key_sha256: &Option<String>, key: &Option<String>) -> Result<RecordName, RecordNameError> {
+    let key = match (key_sha256, key) {
+        (Some(hex_digits), _) => KeyNamed::Sha256(hex_digits),
+        (None, Some(key)) => KeyNamed::Raw(key),
+        (None, None) => return Err(RecordNameError::KeyMissing),
+    };
+    RecordName::parse(caller, key)
+}
+
+/// `server forget-unreadable-record`: one call to the store, its outcome
+/// printed; see [`server::forget`].
+async fn forget_unreadable_record(config: &Config, record: &RecordName) -> ExitCode {
+    let store_kind = config.store.kind.name();
+    match server::forget::forget_unreadable_record(config, record).await {
+        Ok(outcome) => {
+            let report = server::forget::report(outcome, record, store_kind);
+            if outcome == ForgetOutcome::Readable {
+                eprintln!("server forget-unreadable-record: {report}");
+                return ExitCode::from(FORGET_REFUSED_READABLE_EXIT_CODE);
+            }
+            println!("{report}");
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            // Store errors may quote a URL; its password never reaches the output.
+            eprintln!(
+                "server forget-unreadable-record: {}",
+                redact_secrets(&error.to_string())
+            );
+            ExitCode::FAILURE
+        }
+    }
 }
 
 fn init_tracing(log: &LogConfig) {

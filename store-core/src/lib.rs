@@ -20,7 +20,7 @@ pub mod testkit;
 
 pub use clock::{Clock, ManualClock, SharedClock, SystemClock};
 pub use codec::{CodecError, decode_record, encode_record};
-pub use outcome::{Acquired, ClaimOutcome, ClaimRequest, Fenced, HeldLease, PurgeReport};
+pub use outcome::{Acquired, ClaimOutcome, ClaimRequest, Fenced, ForgetOutcome, HeldLease, PurgeReport};
 pub use store::{BoxError, IdempotencyStore, PURGE_BATCH_MAX, StoreError};
 pub use types::*;
 pub use waiting::{

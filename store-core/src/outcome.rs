@@ -101,8 +101,36 @@ pub struct PurgeReport {
     pub tombstones_purged: u64,
     /// Records that could not be decoded: left in place, taken out of the
     /// purge's way (so one bad record does not stop every run) and reported
-    /// once. Their keys answer "record unreadable" until an operator acts.
+    /// once. Their keys answer "record unreadable" until an operator deletes
+    /// them with [`crate::IdempotencyStore::forget_unreadable_record`].
     pub records_quarantined: u64,
     /// True when the batch limit was reached and more may be due.
     pub more: bool,
+}
+
+/// What [`crate::IdempotencyStore::forget_unreadable_record`] found, and did.
+#[must_use]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ForgetOutcome {
+    /// The record could not be decoded, and it is deleted: the key may be
+    /// claimed again.
+    Deleted,
+    /// There is no record under that caller and key digest (never written,
+    /// purged, or deleted already, for instance by an earlier try of the
+    /// same call whose reply was lost).
+    NotFound,
+    /// The record decodes, so it was left unchanged: deleting a readable
+    /// record would let a retry run its effect a second time.
+    Readable,
+}
+
+impl ForgetOutcome {
+    /// A short name for the outcome, for output and assertions.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ForgetOutcome::Deleted => "deleted",
+            ForgetOutcome::NotFound => "not_found",
+            ForgetOutcome::Readable => "readable",
+        }
+    }
 }

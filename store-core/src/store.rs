@@ -1,8 +1,8 @@
 //! The store API every backend implements, and its one error type.
 
 use crate::codec::CodecError;
-use crate::outcome::{ClaimOutcome, ClaimRequest, Fenced, HeldLease, PurgeReport};
-use crate::types::{CallerId, IdempotencyKey, InvalidInput, Record, RecoveryPoint, SavedResponse};
+use crate::outcome::{ClaimOutcome, ClaimRequest, Fenced, ForgetOutcome, HeldLease, PurgeReport};
+use crate::types::{CallerId, IdempotencyKey, InvalidInput, KeyDigest, Record, RecoveryPoint, SavedResponse};
 use async_trait::async_trait;
 
 /// Most records one purge call may delete.
@@ -106,6 +106,25 @@ pub trait IdempotencyStore: Send + Sync {
     /// Read one record, for operators and tests. Expired records are
     /// returned as stored; use [`Record::is_expired`].
     async fn inspect(&self, caller: &CallerId, key: &IdempotencyKey) -> Result<Option<Record>, StoreError>;
+
+    /// Deletes the record of (caller, key digest) only if it cannot be
+    /// decoded: the operator's way out for a key that answers
+    /// [`StoreError::Corrupt`] (HTTP 500 `record_unreadable`), whose record
+    /// has no readable expiry and so would never be purged.
+    ///
+    /// The record is addressed by the key's SHA-256
+    /// ([`IdempotencyKey::digest`], printed as `key_sha256` in the logs),
+    /// because that is all an operator has. The check that the record is
+    /// unreadable is made in the same transaction (script, statement) as the
+    /// delete, with the decoder every other call uses: a readable record is
+    /// never deleted ([`ForgetOutcome::Readable`]), since a retry would then
+    /// run its effect again. Tombstones are left as they are.
+    ///
+    /// Safe to call again: after an unknown outcome, a repeat answers
+    /// [`ForgetOutcome::NotFound`] if the first call deleted the record.
+    /// A backend whose stored form cannot hold an undecodable record
+    /// answers only `NotFound` or `Readable`, truthfully.
+    async fn forget_unreadable_record(&self, caller: &CallerId, key: KeyDigest) -> Result<ForgetOutcome, StoreError>;
 
     /// Cheap round trip for readiness probes.
     async fn ping(&self) -> Result<(), StoreError>;

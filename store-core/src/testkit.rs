@@ -14,9 +14,9 @@
 //! the suite's one real sleep.
 
 use crate::clock::{ManualClock, SharedClock};
-use crate::outcome::{Acquired, ClaimOutcome, ClaimRequest, Fenced, HeldLease};
+use crate::outcome::{Acquired, ClaimOutcome, ClaimRequest, Fenced, ForgetOutcome, HeldLease};
 use crate::types::{CallerId, Fingerprint, IdempotencyKey, Policy, RecordState, RecoveryPoint, SavedResponse};
-use crate::{IdempotencyStore, RESPONSE_BODY_BYTES_MAX};
+use crate::{IdempotencyStore, RESPONSE_BODY_BYTES_MAX, StoreError};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -464,6 +464,100 @@ pub async fn storm_of_concurrent_claims_yields_exactly_one_acquired(subject: Sub
     );
 }
 
+// ---- Forgetting an unreadable record -----------------------------------------
+
+/// A started and a completed record are readable: forgetting either is
+/// refused and changes nothing, so the lease still holds and the answer
+/// still replays.
+pub async fn forgetting_a_readable_record_is_refused_and_changes_nothing(subject: Subject) {
+    let store = subject.store;
+    let caller = unique_caller();
+    let started = acquire(&store, &claim_request(&caller, "started", "a")).await;
+    let before = store.inspect(&caller, &key("started")).await.unwrap();
+    let forgotten = store
+        .forget_unreadable_record(&caller, key("started").digest())
+        .await
+        .expect("forget a started record");
+    assert_eq!(forgotten, ForgetOutcome::Readable);
+    assert_eq!(store.inspect(&caller, &key("started")).await.unwrap(), before);
+    applied(store.complete(&started.lease, response(4)).await);
+
+    let forgotten = store
+        .forget_unreadable_record(&caller, key("started").digest())
+        .await
+        .expect("forget a completed record");
+    assert_eq!(forgotten, ForgetOutcome::Readable);
+    assert_eq!(
+        store.claim(&claim_request(&caller, "started", "a")).await.unwrap(),
+        ClaimOutcome::Replay(response(4)),
+        "a readable record was changed by forget"
+    );
+}
+
+/// No record, an abandoned one, and another caller's record under the same
+/// key are all `NotFound` for this caller, and the other caller's record
+/// stays.
+pub async fn forgetting_an_absent_record_is_not_found(subject: Subject) {
+    let store = subject.store;
+    let (alice, bob) = (unique_caller(), unique_caller());
+    let never = store.forget_unreadable_record(&alice, key("never").digest()).await;
+    assert_eq!(never.expect("forget a key never claimed"), ForgetOutcome::NotFound);
+
+    let abandoned = acquire(&store, &claim_request(&alice, "abandoned", "a")).await;
+    applied(store.abandon(&abandoned.lease).await);
+    let gone = store.forget_unreadable_record(&alice, key("abandoned").digest()).await;
+    assert_eq!(gone.expect("forget an abandoned key"), ForgetOutcome::NotFound);
+
+    let alices = acquire(&store, &claim_request(&alice, "shared", "a")).await;
+    applied(store.complete(&alices.lease, response(5)).await);
+    let other = store.forget_unreadable_record(&bob, key("shared").digest()).await;
+    assert_eq!(other.expect("forget under another caller"), ForgetOutcome::NotFound);
+    assert_eq!(
+        store.claim(&claim_request(&alice, "shared", "a")).await.unwrap(),
+        ClaimOutcome::Replay(response(5))
+    );
+}
+
+/// For backends whose own tests can make a record unreadable (the suite
+/// cannot: it sees the store only through its API). Call it after the
+/// record of (`caller`, `key_text`) was overwritten with something the
+/// store cannot decode: the key answers `Corrupt` to a claim with `body`
+/// (the record's own body, where a store reads the fingerprint before the
+/// part that is damaged), forget deletes the record, a second forget finds
+/// nothing, and the key may be claimed again and then holds a readable
+/// record that forget refuses.
+pub async fn forget_deletes_an_unreadable_record_and_frees_its_key<S>(
+    store: &S,
+    caller: &CallerId,
+    key_text: &str,
+    body: &str,
+) where
+    S: IdempotencyStore + ?Sized,
+{
+    let request = claim_request(caller, key_text, body);
+    let before = store.claim(&request).await;
+    assert!(
+        matches!(before, Err(StoreError::Corrupt(_))),
+        "the record should be unreadable: {before:?}"
+    );
+    let digest = request.key.digest();
+    let forgotten = store.forget_unreadable_record(caller, digest).await;
+    assert_eq!(forgotten.expect("forget the unreadable record"), ForgetOutcome::Deleted);
+    assert_eq!(store.inspect(caller, &request.key).await.expect("inspect"), None);
+    let again = store.forget_unreadable_record(caller, digest).await;
+    assert_eq!(again.expect("forget again"), ForgetOutcome::NotFound);
+
+    let fresh = match store.claim(&request).await.expect("claim after forget") {
+        ClaimOutcome::Acquired(acquired) => acquired,
+        other => panic!("a claim after forget should acquire, got {other:?}"),
+    };
+    assert!(!fresh.takeover, "nothing was left to take over");
+    applied(store.complete(&fresh.lease, response(6)).await);
+    let readable = store.forget_unreadable_record(caller, digest).await;
+    assert_eq!(readable.expect("forget the new record"), ForgetOutcome::Readable);
+    assert_eq!(store.claim(&request).await.unwrap(), ClaimOutcome::Replay(response(6)));
+}
+
 /// Expands to one `#[tokio::test]` per behaviour of the suite, plus the
 /// model-based property test.
 ///
@@ -511,7 +605,9 @@ macro_rules! conformance_tests {
             purge_removes_only_expired_records_and_leaves_a_tombstone,
             an_expired_record_counts_as_late_before_any_purge,
             a_late_key_stays_late_after_an_abandoned_reclaim,
-            storm_of_concurrent_claims_yields_exactly_one_acquired
+            storm_of_concurrent_claims_yields_exactly_one_acquired,
+            forgetting_a_readable_record_is_refused_and_changes_nothing,
+            forgetting_an_absent_record_is_not_found
         );
 
         #[test]

@@ -120,6 +120,17 @@ impl IdempotencyStore for MemoryStore {
             .get(&(caller.clone(), key.digest()))
             .cloned())
     }
+    /// The map holds decoded records, never bytes, so no record here is
+    /// unreadable: forget answers `Readable` or `NotFound`, and deletes
+    /// nothing.
+    async fn forget_unreadable_record(&self, caller: &CallerId, key: KeyDigest) -> Result<ForgetOutcome, StoreError> {
+        let found = self.state.lock().unwrap().0.contains_key(&(caller.clone(), key));
+        Ok(if found {
+            ForgetOutcome::Readable
+        } else {
+            ForgetOutcome::NotFound
+        })
+    }
     async fn ping(&self) -> Result<(), StoreError> {
         Ok(())
     }

@@ -16,9 +16,9 @@ use futures::future::BoxFuture;
 use std::future::Future;
 use store_core::machine::{self, CompletionFence, Found, Step, Write};
 use store_core::{
-    CallerId, ChangeHub, ClaimOutcome, ClaimRequest, Fenced, HeldLease, IdempotencyKey, IdempotencyStore, KeyDigest,
-    PURGE_BATCH_MAX, Policy, PurgeReport, Record, RecordId, RecoveryPoint, SavedResponse, SharedClock, StoreError,
-    SystemClock, decode_record, encode_record,
+    CallerId, ChangeHub, ClaimOutcome, ClaimRequest, Fenced, ForgetOutcome, HeldLease, IdempotencyKey,
+    IdempotencyStore, KeyDigest, PURGE_BATCH_MAX, Policy, PurgeReport, Record, RecordId, RecoveryPoint, SavedResponse,
+    SharedClock, StoreError, SystemClock, decode_record, encode_record,
 };
 
 /// Index entries one purge transaction handles at most.
@@ -388,6 +388,31 @@ impl<E: Engine> FdbStore<E> {
         Ok(RecordPurge::Purged { bytes: bytes.len() })
     }
 
+    /// Deletes the record of `slot` in this transaction if, and only if,
+    /// its bytes do not decode (with the decoder every transition uses, so
+    /// the check and the delete see the same snapshot and commit together).
+    ///
+    /// Only the record's chunks are cleared. Its expiry index entry, if the
+    /// purge has not quarantined it yet, cannot be found without a readable
+    /// expiry; it stays, and the purge clears it when it falls due, finding
+    /// no record (or a newer one with another expiry) behind it. The
+    /// tombstone, if any, stays too.
+    async fn forget_if_unreadable(&self, tx: &E::Tx, slot: &Slot) -> Result<ForgetOutcome, TxError> {
+        let bytes = match read_record_bytes(tx, slot).await {
+            Ok(None) => return Ok(ForgetOutcome::NotFound),
+            Ok(Some(stored)) => Some(stored.bytes),
+            // More chunks than any record has: unreadable as a whole.
+            Err(TxError::Abort(StoreError::Corrupt(_))) => None,
+            Err(error) => return Err(error),
+        };
+        if bytes.is_some_and(|bytes| decode_record(&bytes).is_ok()) {
+            return Ok(ForgetOutcome::Readable);
+        }
+        let (begin, end) = slot.record.range();
+        tx.clear_range(&begin, &end).await?;
+        Ok(ForgetOutcome::Deleted)
+    }
+
     async fn purge_tombstone(&self, tx: &E::Tx, slot: &Slot, expires_at_ms: u64, now: u64) -> Result<bool, TxError> {
         let current = read_tombstone(tx, slot).await?;
         if current != Some(expires_at_ms) || expires_at_ms > now {
@@ -552,6 +577,20 @@ impl<E: Engine> IdempotencyStore for FdbStore<E> {
 
     fn record_changes(&self) -> Option<&ChangeHub> {
         Some(self.engine.change_hub())
+    }
+
+    async fn forget_unreadable_record(&self, caller: &CallerId, key: KeyDigest) -> Result<ForgetOutcome, StoreError> {
+        let slot = &self.layout.slot(caller, key);
+        let outcome = self
+            .engine
+            .run(self.run_options, |tx, _maybe_committed: MaybeCommitted| async move {
+                self.forget_if_unreadable(&tx, slot).await
+            })
+            .await?;
+        if outcome == ForgetOutcome::Deleted {
+            tracing::warn!(%caller, key_sha256 = %key, "deleted an unreadable record: its key may be claimed again");
+        }
+        Ok(outcome)
     }
 
     async fn ping(&self) -> Result<(), StoreError> {

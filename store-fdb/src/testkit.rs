@@ -30,8 +30,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use store_core::testkit::TestTime;
 use store_core::{
-    CallerId, ClaimOutcome, ClaimRequest, Fenced, Fingerprint, IdempotencyKey, IdempotencyStore, ManualClock, Policy,
-    RecordState, SavedResponse, StoreError, SystemClock,
+    CallerId, ClaimOutcome, ClaimRequest, Fenced, Fingerprint, ForgetOutcome, IdempotencyKey, IdempotencyStore,
+    KeyDigest, ManualClock, Policy, RecordState, SavedResponse, StoreError, SystemClock,
 };
 
 /// Lease of the purge behaviours' policy.
@@ -303,6 +303,26 @@ fn keys_in_one_shard<E: Engine>(
         .collect()
 }
 
+/// Bytes no version of the record codec reads (format version 255).
+pub const UNREADABLE_RECORD_BYTES: &[u8] = b"\xffnot a record";
+
+/// Overwrites the first chunk of the record of (`caller`, `digest`) with
+/// [`UNREADABLE_RECORD_BYTES`], as a torn write, a bad disk or a foreign
+/// writer would: the record then decodes no more, while its index entry
+/// and tombstone stay as they were.
+pub async fn overwrite_with_unreadable_bytes<E: Engine>(store: &FdbStore<E>, caller: &CallerId, digest: KeyDigest) {
+    let slot = store.layout().slot(caller, digest);
+    let chunk = &store.layout().record_chunk_key(&slot, 0);
+    store
+        .engine()
+        .run(RunOptions::default(), |tx, _| async move {
+            tx.set(chunk, UNREADABLE_RECORD_BYTES)?;
+            Ok(())
+        })
+        .await
+        .expect("write the unreadable record");
+}
+
 // ---- Purge --------------------------------------------------------------------
 
 pub async fn purge_works_in_bounded_batches_and_tombstones_expire_in_turn<E: Engine>(test: TestEngine<E>) {
@@ -367,18 +387,7 @@ pub async fn an_unreadable_record_is_quarantined_and_the_purge_goes_on<E: Engine
     for i in 0..5 {
         completed(&store, &caller, &key(&format!("q{i}")), done()).await;
     }
-    // Overwrite q2's record with bytes no codec version reads.
-    let slot = store.layout().slot(&caller, key("q2").digest());
-    let chunk = store.layout().record_chunk_key(&slot, 0);
-    let chunk = &chunk;
-    store
-        .engine()
-        .run(RunOptions::default(), |tx, _| async move {
-            tx.set(chunk, b"\xffnot a record")?;
-            Ok(())
-        })
-        .await
-        .expect("write the unreadable record");
+    overwrite_with_unreadable_bytes(&store, &caller, key("q2").digest()).await;
     time.pass(PURGE_RETENTION_MS + 50).await;
 
     let first = store
@@ -400,6 +409,64 @@ pub async fn an_unreadable_record_is_quarantined_and_the_purge_goes_on<E: Engine
     // The others are gone, and their keys are late, not unreadable.
     let other = ClaimRequest::new(caller.clone(), key("q1"), Fingerprint([3; 32]));
     assert!(acquire(&store, &other).await.late_key);
+}
+
+/// The operator's way out of a quarantine: the sweeper sets an unreadable
+/// record aside, forget deletes it (and only it), and its key may be
+/// claimed again. A record of more chunks than any record has is unreadable
+/// as a whole and is deleted whole; its expiry index entry, which forget
+/// cannot find, is cleared by a later purge without harm.
+pub async fn forget_deletes_a_quarantined_record_and_only_an_unreadable_one<E: Engine>(test: TestEngine<E>) {
+    let time = test.time();
+    let store = test.store(purge_policy_lasting_tombstones());
+    let caller = caller("forget");
+    for name in ["bad", "good"] {
+        completed(&store, &caller, &key(name), done()).await;
+    }
+    overwrite_with_unreadable_bytes(&store, &caller, key("bad").digest()).await;
+    time.pass(PURGE_RETENTION_MS + 50).await;
+    let purged = store.purge_expired(100).await.expect("purge");
+    assert_eq!((purged.records_purged, purged.records_quarantined), (1, 1));
+    // The purged key's record is gone: nothing to forget.
+    let good = store.forget_unreadable_record(&caller, key("good").digest()).await;
+    assert_eq!(good.unwrap(), ForgetOutcome::NotFound);
+    store_core::testkit::forget_deletes_an_unreadable_record_and_frees_its_key(&store, &caller, "bad", "a").await;
+
+    // A live record grown to seventeen chunks, before any purge saw it.
+    completed(&store, &caller, &key("chunky"), done()).await;
+    let slot = store.layout().slot(&caller, key("chunky").digest());
+    let chunks: Vec<Vec<u8>> = (0..=crate::keys::RECORD_CHUNKS_MAX)
+        .map(|index| store.layout().record_chunk_key(&slot, index))
+        .collect();
+    let chunks = &chunks;
+    store
+        .engine()
+        .run(RunOptions::default(), |tx, _| async move {
+            for chunk in chunks {
+                tx.set(chunk, b"x")?;
+            }
+            Ok(())
+        })
+        .await
+        .expect("write too many chunks");
+    store_core::testkit::forget_deletes_an_unreadable_record_and_frees_its_key(&store, &caller, "chunky", "a").await;
+    let (begin, end) = slot.record.range();
+    let (begin, end) = (&begin, &end);
+    let chunks_left = store
+        .engine()
+        .run(RunOptions::default(), |tx, _| async move {
+            Ok(tx.get_range(begin, end, 100).await?.len())
+        })
+        .await
+        .unwrap();
+    assert_eq!(chunks_left, 1, "only the new record's one chunk is left");
+
+    // The new records of both keys expire and are purged; the old index
+    // entry of "chunky" finds a record with another expiry and is dropped.
+    time.pass(PURGE_RETENTION_MS + 50).await;
+    let later = store.purge_expired(100).await.expect("purge after forget");
+    assert_eq!((later.records_purged, later.records_quarantined), (2, 0));
+    assert_eq!(store.inspect(&caller, &key("chunky")).await.unwrap(), None);
 }
 
 /// Four records of 600 KB in one shard: a purge transaction stops reading
@@ -738,6 +805,7 @@ macro_rules! store_tests {
             a_record_whose_retention_was_extended_is_not_purged_by_its_old_index_entry,
             large_records_are_purged_across_several_byte_bounded_transactions,
             an_unreadable_record_is_quarantined_and_the_purge_goes_on,
+            forget_deletes_a_quarantined_record_and_only_an_unreadable_one,
             a_slow_purge_is_split_before_five_seconds,
             complete_with_runs_the_effect_once_and_never_for_a_lost_lease,
             foundationdb_limits_are_enforced_with_its_error_kinds,

@@ -6,8 +6,8 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use store_core::{
-    CallerId, CodecError, Fingerprint, IdempotencyKey, Lease, LeaseToken, Record, RecordState, RecoveryPoint,
-    SavedResponse, StoreError,
+    CallerId, CodecError, Fingerprint, IdempotencyKey, KeyDigest, Lease, LeaseToken, Record, RecordState,
+    RecoveryPoint, SavedResponse, StoreError,
 };
 use tokio_postgres::Row;
 use tokio_postgres::types::{FromSql, ToSql};
@@ -38,9 +38,14 @@ pub(crate) struct Slot {
 
 impl Slot {
     pub fn new(caller: &CallerId, key: &IdempotencyKey) -> Self {
+        Self::of_digest(caller, key.digest())
+    }
+
+    /// The slot from the key's SHA-256 alone, which is all the table holds.
+    pub fn of_digest(caller: &CallerId, digest: KeyDigest) -> Self {
         Self {
             caller: caller.as_str().to_owned(),
-            key_digest: key.digest().0.to_vec(),
+            key_digest: digest.0.to_vec(),
         }
     }
 }

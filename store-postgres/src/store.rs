@@ -22,8 +22,9 @@ use std::sync::Arc;
 use std::time::Duration;
 use store_core::machine::{self, Found, Write};
 use store_core::{
-    CallerId, ChangeHub, ClaimOutcome, ClaimRequest, Fenced, HeldLease, IdempotencyKey, IdempotencyStore,
-    PURGE_BATCH_MAX, Policy, PurgeReport, Record, RecordId, RecoveryPoint, SavedResponse, StoreError,
+    CallerId, ChangeHub, ClaimOutcome, ClaimRequest, Fenced, ForgetOutcome, HeldLease, IdempotencyKey,
+    IdempotencyStore, KeyDigest, PURGE_BATCH_MAX, Policy, PurgeReport, Record, RecordId, RecoveryPoint, SavedResponse,
+    StoreError,
 };
 
 const SELECT_CLOCK: &str = "SELECT now() AS now";
@@ -72,6 +73,9 @@ pub(crate) const UPDATE_RECORD_OR_FAIL: &str = "WITH updated AS (UPDATE idempote
 
 const DELETE_RECORD: &str = "DELETE FROM idempotency_keys WHERE caller_id = $1 AND idem_key = $2 \
        AND state = $3::text::idempotency_state AND lease_token IS NOT DISTINCT FROM $4";
+
+/// Deletes the row forget found unreadable; it holds the row's lock.
+const DELETE_UNREADABLE_RECORD: &str = "DELETE FROM idempotency_keys WHERE caller_id = $1 AND idem_key = $2";
 
 /// One batch of the sweeper, in one statement so a purged record and its
 /// tombstone commit together. The predicate `expires_at <= now()` is
@@ -276,6 +280,36 @@ impl PostgresStore {
         })
     }
 
+    /// Locks the row, decodes it as every call does, and deletes it in the
+    /// same transaction only if that fails: the lock keeps any other
+    /// transaction from changing the row between the check and the delete.
+    async fn forget_once(&self, slot: &Slot) -> Result<ForgetOutcome, Attempt<StoreError>> {
+        let mut connection = self.pool.get().await?;
+        let transaction = connection.transaction().await?;
+        let statement = transaction.prepare_cached(SELECT_FOR_UPDATE).await?;
+        let rows = transaction.query(&statement, &[&slot.caller, &slot.key_digest]).await?;
+        let Some(row) = rows.first() else {
+            return Ok(ForgetOutcome::NotFound);
+        };
+        match record_from_row(row) {
+            Ok(_) => return Ok(ForgetOutcome::Readable),
+            Err(StoreError::Corrupt(_)) => {}
+            Err(other) => return Err(Attempt::Fail(other)),
+        }
+        let statement = transaction.prepare_cached(DELETE_UNREADABLE_RECORD).await?;
+        let deleted = transaction
+            .execute(&statement, &[&slot.caller, &slot.key_digest])
+            .await?;
+        if deleted != 1 {
+            return Err(Attempt::Fail(StoreError::Refused {
+                detail: format!("deleting a locked unreadable row changed {deleted} rows instead of 1"),
+                source: None,
+            }));
+        }
+        transaction.commit().await?;
+        Ok(ForgetOutcome::Deleted)
+    }
+
     async fn inspect_once(&self, slot: &Slot) -> Result<Option<Record>, Attempt<StoreError>> {
         let connection = self.pool.get().await?;
         let statement = connection.prepare_cached(SELECT_RECORD).await?;
@@ -437,6 +471,15 @@ impl IdempotencyStore for PostgresStore {
     async fn inspect(&self, caller: &CallerId, key: &IdempotencyKey) -> Result<Option<Record>, StoreError> {
         let slot = Slot::new(caller, key);
         self.with_retries(|| self.inspect_once(&slot)).await
+    }
+
+    async fn forget_unreadable_record(&self, caller: &CallerId, key: KeyDigest) -> Result<ForgetOutcome, StoreError> {
+        let slot = Slot::of_digest(caller, key);
+        let outcome = self.with_retries(|| self.forget_once(&slot)).await?;
+        if outcome == ForgetOutcome::Deleted {
+            tracing::warn!(%caller, key_sha256 = %key, "deleted an unreadable record: its key may be claimed again");
+        }
+        Ok(outcome)
     }
 
     async fn ping(&self) -> Result<(), StoreError> {

@@ -18,7 +18,7 @@
 //! are `[A-Za-z0-9._-]` and prefixes may not contain braces, so the tag is
 //! always exactly `{caller:digest}`.
 
-use store_core::{CallerId, IdempotencyKey};
+use store_core::{CallerId, IdempotencyKey, KeyDigest};
 
 /// The two keys of one record.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,7 +35,13 @@ pub struct RecordKeys {
 
 impl RecordKeys {
     pub fn new(prefix: &str, caller: &CallerId, key: &IdempotencyKey) -> Self {
-        let tag = format!("{prefix}{{{caller}:{}}}", key.digest());
+        Self::of_digest(prefix, caller, key.digest())
+    }
+
+    /// The keys from the key's SHA-256 alone, which is all the names hold:
+    /// how an operator with only a logged `key_sha256` finds the record.
+    pub fn of_digest(prefix: &str, caller: &CallerId, digest: KeyDigest) -> Self {
+        let tag = format!("{prefix}{{{caller}:{digest}}}");
         Self {
             record: format!("{tag}:rec"),
             tombstone: format!("{tag}:tomb"),

@@ -35,4 +35,4 @@ pub use connection::{CLUSTER_RETRIES_MAX, RECONNECT_DELAY_MS_MAX, RECONNECT_DELA
 pub use errors::CORRUPT_RECORD_CODE;
 pub use keys::RecordKeys;
 pub use record::RESPONSE_FORMAT_VERSION;
-pub use store::RedisStore;
+pub use store::{FORGET_READS_MAX, RedisStore};

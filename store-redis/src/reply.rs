@@ -74,6 +74,24 @@ pub fn fenced_outcome(reply: Value, script: &str) -> Result<Fenced, StoreError> 
     }
 }
 
+/// What the forget script did (see `scripts/forget.lua`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ForgetReply {
+    Deleted,
+    NotFound,
+    /// The record is not the one judged unreadable any more: nothing deleted.
+    Changed,
+}
+
+pub fn forget_reply(reply: Value) -> Result<ForgetReply, StoreError> {
+    match bytes(reply.clone()).as_deref() {
+        Some(b"deleted") => Ok(ForgetReply::Deleted),
+        Some(b"not_found") => Ok(ForgetReply::NotFound),
+        Some(b"changed") => Ok(ForgetReply::Changed),
+        _ => Err(unexpected("forget", &reply)),
+    }
+}
+
 fn bytes(value: Value) -> Option<Vec<u8>> {
     match value {
         Value::BulkString(bytes) => Some(bytes),

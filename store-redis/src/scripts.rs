@@ -1,5 +1,6 @@
 //! The five transition scripts, one per state change, each mirroring a
-//! function of `store_core::machine`.
+//! function of `store_core::machine`, and the operator's `forget` script,
+//! which deletes an unreadable record.
 //!
 //! Each runs atomically on the server and is called by EVALSHA through
 //! [`redis::Script`], which loads it again after a NOSCRIPT error (the script
@@ -26,6 +27,9 @@ pub struct Scripts {
     pub complete: Script,
     pub release: Script,
     pub abandon: Script,
+    /// Deletes a record only while it is the one the store judged
+    /// unreadable (`scripts/forget.lua`).
+    pub forget: Script,
 }
 
 impl Scripts {
@@ -36,16 +40,18 @@ impl Scripts {
             complete: script(include_str!("scripts/complete.lua")),
             release: script(include_str!("scripts/release.lua")),
             abandon: script(include_str!("scripts/abandon.lua")),
+            forget: script(include_str!("scripts/forget.lua")),
         }
     }
 
-    fn all(&self) -> [&Script; 5] {
+    fn all(&self) -> [&Script; 6] {
         [
             &self.claim,
             &self.checkpoint,
             &self.complete,
             &self.release,
             &self.abandon,
+            &self.forget,
         ]
     }
 
@@ -73,12 +79,13 @@ fn source(body: &str) -> String {
 mod tests {
     use super::*;
 
-    const BODIES: [&str; 5] = [
+    const BODIES: [&str; 6] = [
         include_str!("scripts/claim.lua"),
         include_str!("scripts/checkpoint.lua"),
         include_str!("scripts/complete.lua"),
         include_str!("scripts/release.lua"),
         include_str!("scripts/abandon.lua"),
+        include_str!("scripts/forget.lua"),
     ];
 
     #[test]
@@ -118,7 +125,7 @@ mod tests {
     }
 
     #[test]
-    fn the_five_scripts_are_distinct() {
+    fn the_scripts_are_distinct() {
         let hashes = Scripts::new().hashes();
         let mut unique = hashes.clone();
         unique.sort();

@@ -7,16 +7,45 @@ use crate::errors::store_error;
 use crate::keys::RecordKeys;
 use crate::notify::{ChangeSubscriber, publish_mode};
 use crate::record::{encode_response, fingerprint_hex, record_from_fields, token_hex};
-use crate::reply::{claim_outcome, fenced_outcome};
+use crate::reply::{ForgetReply, claim_outcome, fenced_outcome, forget_reply};
 use crate::scripts::Scripts;
 use async_trait::async_trait;
 use redis::{Script, Value};
 use std::collections::HashMap;
 use std::sync::Arc;
 use store_core::{
-    CallerId, ChangeHub, ClaimOutcome, ClaimRequest, Fenced, HeldLease, IdempotencyKey, IdempotencyStore, Policy,
-    PurgeReport, Record, RecordId, RecoveryPoint, SavedResponse, StoreError,
+    CallerId, ChangeHub, ClaimOutcome, ClaimRequest, Fenced, ForgetOutcome, HeldLease, IdempotencyKey,
+    IdempotencyStore, KeyDigest, Policy, PurgeReport, Record, RecordId, RecoveryPoint, SavedResponse, StoreError,
 };
+
+/// Reads of a record that forget makes at most, when each time the record
+/// changed between the read and the delete (a claim wrote it meanwhile).
+pub const FORGET_READS_MAX: u32 = 3;
+
+/// First argument of the forget script: the record is not a hash.
+const FORGET_NOT_A_HASH: &[u8] = b"not_a_hash";
+/// First argument of the forget script: the hash's fields follow.
+const FORGET_HASH: &[u8] = b"hash";
+
+/// A record's hash as `HGETALL` returns it.
+type RawFields = HashMap<Vec<u8>, Vec<u8>>;
+
+/// What forget found when it read a record.
+enum Judged {
+    Absent,
+    Readable,
+    /// The forget script's arguments that describe the unreadable record.
+    Unreadable(Vec<Vec<u8>>),
+}
+
+/// Decodes a record's hash exactly as every call does.
+fn record_of_hash(fields: RawFields) -> Result<Record, StoreError> {
+    let fields = fields
+        .into_iter()
+        .map(|(name, value)| (String::from_utf8_lossy(&name).into_owned(), value))
+        .collect();
+    record_from_fields(fields)
+}
 
 /// The Redis backend. Cheap to clone; clones share one connection.
 #[derive(Clone)]
@@ -125,6 +154,34 @@ impl RedisStore {
             ),
             source: None,
         })
+    }
+
+    /// Reads the record and judges it with the decoder every call uses.
+    async fn judge_for_forget(&self, keys: &RecordKeys) -> Result<Judged, StoreError> {
+        let mut connection = self.connection.clone();
+        let read: Result<RawFields, redis::RedisError> = redis::cmd("HGETALL")
+            .arg(&keys.record)
+            .query_async(&mut connection)
+            .await;
+        let fields = match read {
+            Err(error) if error.code() == Some("WRONGTYPE") => {
+                return Ok(Judged::Unreadable(vec![FORGET_NOT_A_HASH.to_vec()]));
+            }
+            Err(error) => return Err(store_error("forget", error)),
+            Ok(fields) if fields.is_empty() => return Ok(Judged::Absent),
+            Ok(fields) => fields,
+        };
+        match record_of_hash(fields.clone()) {
+            Ok(_) => Ok(Judged::Readable),
+            Err(StoreError::Corrupt(_)) => {
+                let mut args = vec![FORGET_HASH.to_vec()];
+                for (name, value) in fields {
+                    args.extend([name, value]);
+                }
+                Ok(Judged::Unreadable(args))
+            }
+            Err(other) => Err(other),
+        }
     }
 
     async fn fenced(
@@ -239,11 +296,45 @@ impl IdempotencyStore for RedisStore {
         if fields.is_empty() {
             return Ok(None);
         }
-        let fields = fields
-            .into_iter()
-            .map(|(name, value)| (String::from_utf8_lossy(&name).into_owned(), value))
-            .collect();
-        record_from_fields(fields).map(Some)
+        record_of_hash(fields).map(Some)
+    }
+
+    /// Reads the record and judges it in Rust (the response's postcard
+    /// bytes are beyond Lua), then runs `scripts/forget.lua`, which deletes
+    /// it only if it is still byte for byte what was judged unreadable, or
+    /// any key of another type than a hash. A record written in between is
+    /// read and judged again, up to [`FORGET_READS_MAX`] times.
+    async fn forget_unreadable_record(&self, caller: &CallerId, key: KeyDigest) -> Result<ForgetOutcome, StoreError> {
+        let keys = RecordKeys::of_digest(&self.key_prefix, caller, key);
+        for _ in 0..FORGET_READS_MAX {
+            let args = match self.judge_for_forget(&keys).await? {
+                Judged::Absent => return Ok(ForgetOutcome::NotFound),
+                Judged::Readable => return Ok(ForgetOutcome::Readable),
+                Judged::Unreadable(args) => args,
+            };
+            let mut invocation = self.scripts.forget.key(&keys.record);
+            for arg in &args {
+                invocation.arg(arg.as_slice());
+            }
+            let mut connection = self.connection.clone();
+            let reply = invocation
+                .invoke_async(&mut connection)
+                .await
+                .map_err(|error| store_error("forget", error))?;
+            match forget_reply(reply)? {
+                ForgetReply::Deleted => {
+                    tracing::warn!(%caller, key_sha256 = %key, "deleted an unreadable record: its key may be claimed again");
+                    self.wait_for_replicas("forget", &keys).await?;
+                    return Ok(ForgetOutcome::Deleted);
+                }
+                ForgetReply::NotFound => return Ok(ForgetOutcome::NotFound),
+                ForgetReply::Changed => continue,
+            }
+        }
+        Err(StoreError::RetriesExhausted {
+            attempts: FORGET_READS_MAX,
+            detail: "the record changed between every read and delete; nothing was deleted".to_owned(),
+        })
     }
 
     fn record_changes(&self) -> Option<&ChangeHub> {

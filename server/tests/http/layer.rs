@@ -20,8 +20,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 use store_core::{
-    CallerId, ClaimOutcome, ClaimRequest, Fenced, HeldLease, IdempotencyKey, IdempotencyStore, Policy, PurgeReport,
-    Record, RecoveryPoint, SavedResponse, StoreError,
+    CallerId, ClaimOutcome, ClaimRequest, Fenced, ForgetOutcome, HeldLease, IdempotencyKey, IdempotencyStore,
+    KeyDigest, Policy, PurgeReport, Record, RecoveryPoint, SavedResponse, StoreError,
 };
 use store_fdb::{EmbeddedConfig, EmbeddedStore};
 use tokio_util::task::TaskTracker;
@@ -401,6 +401,9 @@ impl IdempotencyStore for DownStore {
     async fn inspect(&self, _: &CallerId, _: &IdempotencyKey) -> Result<Option<Record>, StoreError> {
         Err(down())
     }
+    async fn forget_unreadable_record(&self, _: &CallerId, _: KeyDigest) -> Result<ForgetOutcome, StoreError> {
+        Err(down())
+    }
     async fn ping(&self) -> Result<(), StoreError> {
         Err(down())
     }
@@ -440,6 +443,9 @@ impl IdempotencyStore for LateAnsweringStore {
     }
     async fn inspect(&self, caller: &CallerId, key: &IdempotencyKey) -> Result<Option<Record>, StoreError> {
         self.inner.inspect(caller, key).await
+    }
+    async fn forget_unreadable_record(&self, caller: &CallerId, key: KeyDigest) -> Result<ForgetOutcome, StoreError> {
+        self.inner.forget_unreadable_record(caller, key).await
     }
     async fn ping(&self) -> Result<(), StoreError> {
         self.inner.ping().await
@@ -538,6 +544,9 @@ impl IdempotencyStore for ClaimReplyLosingStore {
     }
     async fn inspect(&self, caller: &CallerId, key: &IdempotencyKey) -> Result<Option<Record>, StoreError> {
         self.inner.inspect(caller, key).await
+    }
+    async fn forget_unreadable_record(&self, caller: &CallerId, key: KeyDigest) -> Result<ForgetOutcome, StoreError> {
+        self.inner.forget_unreadable_record(caller, key).await
     }
     async fn ping(&self) -> Result<(), StoreError> {
         self.inner.ping().await
@@ -671,6 +680,9 @@ impl IdempotencyStore for CompletionFailingStore {
     }
     async fn inspect(&self, caller: &CallerId, key: &IdempotencyKey) -> Result<Option<Record>, StoreError> {
         self.inner.inspect(caller, key).await
+    }
+    async fn forget_unreadable_record(&self, caller: &CallerId, key: KeyDigest) -> Result<ForgetOutcome, StoreError> {
+        self.inner.forget_unreadable_record(caller, key).await
     }
     async fn ping(&self) -> Result<(), StoreError> {
         self.inner.ping().await

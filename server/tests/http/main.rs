@@ -9,6 +9,7 @@ mod carrier;
 mod carrier_trust;
 mod cases;
 mod common;
+mod forget;
 mod layer;
 mod limits;
 mod observability;

@@ -14,7 +14,7 @@
 
 use super::{SharedStore, Subject, TestTime, key, response, unique_caller};
 use crate::clock::Clock;
-use crate::outcome::{ClaimOutcome, ClaimRequest, Fenced, HeldLease};
+use crate::outcome::{ClaimOutcome, ClaimRequest, Fenced, ForgetOutcome, HeldLease};
 use crate::types::{CallerId, Fingerprint, LeaseToken, Policy, RecordState, RecoveryPoint};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
@@ -33,6 +33,9 @@ pub fn model_policy() -> Policy {
     Policy::new(MODEL_LEASE_MS, MODEL_RETENTION_MS, 60_000).expect("model policy is valid")
 }
 
+/// One step of a sequence. Every record the model holds is readable, so a
+/// `Forget` must leave it unchanged (`Readable`), and an absent one is
+/// `NotFound`.
 #[derive(Debug, Clone)]
 enum Op {
     Claim {
@@ -56,6 +59,9 @@ enum Op {
     Inspect {
         key: usize,
     },
+    Forget {
+        key: usize,
+    },
     /// Moves the manual clock forward.
     Advance {
         ms: u64,
@@ -70,6 +76,7 @@ fn op_strategy(time_moves: bool) -> BoxedStrategy<Op> {
         1 => any::<usize>().prop_map(|attempt| Op::Release { attempt }),
         1 => any::<usize>().prop_map(|attempt| Op::Abandon { attempt }),
         1 => (0..KEYS).prop_map(|key| Op::Inspect { key }),
+        1 => (0..KEYS).prop_map(|key| Op::Forget { key }),
     ];
     if !time_moves {
         return without_time.boxed();
@@ -232,7 +239,9 @@ impl Model {
             Op::Abandon { .. } => {
                 self.records.remove(&key);
             }
-            Op::Claim { .. } | Op::Inspect { .. } | Op::Advance { .. } => unreachable!("not a fenced operation"),
+            Op::Claim { .. } | Op::Inspect { .. } | Op::Advance { .. } | Op::Forget { .. } => {
+                unreachable!("not a fenced operation")
+            }
         }
         true
     }
@@ -303,6 +312,9 @@ async fn run_sequence(store: &SharedStore, time: &TestTime, ops: &[Op]) -> Resul
                 })?;
             }
             Op::Inspect { key: k } => inspect_matches(store, &caller, &model, time, *k, &context()).await?,
+            Op::Forget { key: k } => {
+                forget_keeps_what_is_readable(store, &caller, &model, time, *k, &context()).await?
+            }
             Op::Advance { ms } => time.pass(*ms).await,
             fenced => {
                 let Some((k, lease)) = pick(&attempts, fenced) else {
@@ -314,7 +326,9 @@ async fn run_sequence(store: &SharedStore, time: &TestTime, ops: &[Op]) -> Resul
                     Op::Complete { response: r, .. } => store.complete(&lease, response(*r)).await,
                     Op::Release { .. } => store.release(&lease).await,
                     Op::Abandon { .. } => store.abandon(&lease).await,
-                    Op::Claim { .. } | Op::Inspect { .. } | Op::Advance { .. } => unreachable!("handled above"),
+                    Op::Claim { .. } | Op::Inspect { .. } | Op::Advance { .. } | Op::Forget { .. } => {
+                        unreachable!("handled above")
+                    }
                 };
                 let actual =
                     result.map_err(|e| TestCaseError::fail(format!("{}: {e}", context())))? == Fenced::Applied(());
@@ -343,13 +357,37 @@ fn pick(attempts: &[(usize, HeldLease)], op: &Op) -> Option<(usize, HeldLease)> 
         | Op::Complete { attempt, .. }
         | Op::Release { attempt }
         | Op::Abandon { attempt } => *attempt,
-        Op::Claim { .. } | Op::Inspect { .. } | Op::Advance { .. } => return None,
+        Op::Claim { .. } | Op::Inspect { .. } | Op::Advance { .. } | Op::Forget { .. } => return None,
     };
     if attempts.is_empty() {
         None
     } else {
         Some(attempts[index % attempts.len()].clone())
     }
+}
+
+/// Forgets key `k`, then checks that the record is still the model's.
+async fn forget_keeps_what_is_readable(
+    store: &SharedStore,
+    caller: &CallerId,
+    model: &Model,
+    time: &TestTime,
+    k: usize,
+    context: &str,
+) -> Result<(), TestCaseError> {
+    let outcome = store
+        .forget_unreadable_record(caller, key(&key_text(k)).digest())
+        .await
+        .map_err(|e| TestCaseError::fail(format!("{context}: {e}")))?;
+    let expected = if model.records.contains_key(&k) {
+        ForgetOutcome::Readable
+    } else {
+        ForgetOutcome::NotFound
+    };
+    check(outcome == expected, || {
+        format!("{context}: store {outcome:?}, model {expected:?}")
+    })?;
+    inspect_matches(store, caller, model, time, k, context).await
 }
 
 async fn inspect_matches(

@@ -137,6 +137,20 @@ impl EmbeddedEngine {
             Err(_) => 0,
         }
     }
+
+    /// True when `error` is [`EmbeddedEngine::open`]'s refusal of a
+    /// directory that another opening holds (a running server): the
+    /// embedded store serves one process, so an operator's command must
+    /// wait until the server has stopped.
+    pub fn is_directory_locked(error: &StoreError) -> bool {
+        let StoreError::Unavailable {
+            source: Some(source), ..
+        } = error
+        else {
+            return false;
+        };
+        matches!(source.downcast_ref::<fjall::Error>(), Some(fjall::Error::Locked))
+    }
 }
 
 fn not_open() -> StoreError {
@@ -147,6 +161,17 @@ fn not_open() -> StoreError {
 mod tests {
     use super::*;
     use crate::engine::{Engine, RunOptions, Transaction};
+
+    #[test]
+    fn a_directory_held_by_another_opening_is_refused_as_locked() {
+        let first = EmbeddedEngine::open(&EmbeddedConfig::temporary()).unwrap();
+        let second = EmbeddedEngine::open(&EmbeddedConfig::new(&first.shared.config.path));
+        let refused = second.err().expect("a held directory is refused");
+        assert!(EmbeddedEngine::is_directory_locked(&refused), "{refused:?}");
+        assert!(refused.to_string().contains("locked by another process"), "{refused}");
+        let other = StoreError::unavailable("connection refused", std::io::Error::other("refused"));
+        assert!(!EmbeddedEngine::is_directory_locked(&other));
+    }
 
     pub(super) fn open_database(engine: &EmbeddedEngine) -> Arc<OpenDatabase> {
         engine.shared.healthy().ok().expect("an open database")

@@ -11,8 +11,8 @@ use crate::RedisStore;
 use async_trait::async_trait;
 use std::sync::{Arc, Mutex, Weak};
 use store_core::{
-    CallerId, ClaimOutcome, ClaimRequest, Fenced, HeldLease, IdempotencyKey, IdempotencyStore, PurgeReport, Record,
-    RecoveryPoint, SavedResponse, StoreError,
+    CallerId, ClaimOutcome, ClaimRequest, Fenced, ForgetOutcome, HeldLease, IdempotencyKey, IdempotencyStore,
+    KeyDigest, PurgeReport, Record, RecoveryPoint, SavedResponse, StoreError,
 };
 
 static SHARED_SERVER: Mutex<Weak<RedisServer>> = Mutex::new(Weak::new());
@@ -88,6 +88,10 @@ impl<S: Send + Sync> IdempotencyStore for StoreWithServer<S> {
 
     async fn inspect(&self, caller: &CallerId, key: &IdempotencyKey) -> Result<Option<Record>, StoreError> {
         self.store.inspect(caller, key).await
+    }
+
+    async fn forget_unreadable_record(&self, caller: &CallerId, key: KeyDigest) -> Result<ForgetOutcome, StoreError> {
+        self.store.forget_unreadable_record(caller, key).await
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
