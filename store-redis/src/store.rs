@@ -8,6 +8,7 @@ use crate::keys::RecordKeys;
 use crate::record::{encode_response, fingerprint_hex, record_from_fields, token_hex};
 use crate::reply::{claim_outcome, fenced_outcome};
 use crate::scripts::Scripts;
+use crate::tls::{handshake_failure, handshake_refusal, tls_certificates};
 use async_trait::async_trait;
 use redis::{Script, Value};
 use std::collections::HashMap;
@@ -37,9 +38,13 @@ impl RedisStore {
         config
             .validate()
             .map_err(|error| StoreError::refused(format!("redis configuration: {error}"), error))?;
-        let mut connection = Connection::open(&config)
+        let certificates = tls_certificates(&config)?;
+        let mut connection = Connection::open(&config, certificates)
             .await
-            .map_err(|error| store_error("connect", error))?;
+            .map_err(|error| match handshake_failure(&error) {
+                Some(cause) if config.uses_tls() => handshake_refusal(&config, &cause),
+                _ => store_error("connect", error),
+            })?;
         let report = check_server(&mut connection, config.accept_eviction).await?;
         Ok(Self {
             connection,
