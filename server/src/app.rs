@@ -21,6 +21,7 @@ use crate::observe::observe;
 use crate::probes::{healthz, method_not_allowed, metrics, not_found, openapi_json, readyz};
 use crate::request_context::request_context;
 use crate::sweeper;
+use crate::tls::{InboundTls, TlsFileError, carrier_roots, inbound_tls};
 use axum::Router;
 use axum::handler::Handler;
 use axum::middleware::{from_fn, from_fn_with_state};
@@ -114,6 +115,9 @@ pub enum StartupError {
     Backend(#[from] BackendError),
     #[error("carrier: {0}")]
     Carrier(String),
+    /// A certificate, key or CA file of `[server.tls]` or `carrier.ca_file`.
+    #[error("TLS: {0}")]
+    Tls(#[from] TlsFileError),
     #[error("callers: {0}")]
     Callers(String),
     #[error("metrics: {0}")]
@@ -122,6 +126,18 @@ pub enum StartupError {
     Io(#[from] std::io::Error),
     #[error("flushing the store at shutdown: {0}")]
     Flush(StoreError),
+}
+
+impl StartupError {
+    /// A refused configuration (a field, a TLS file, a store's TLS that
+    /// failed its handshake), as opposed to a failure while running: the
+    /// binary exits with code 2 for these, as for any refused config.
+    pub fn is_refused_config(&self) -> bool {
+        matches!(
+            self,
+            StartupError::Config(_) | StartupError::Tls(_) | StartupError::Backend(BackendError::Tls { .. })
+        )
+    }
 }
 
 /// Everything a config names, opened and ready to serve.
@@ -133,6 +149,8 @@ pub struct App {
     backends: Backends,
     carrier_server: Option<CarrierServer>,
     tasks: TaskTracker,
+    /// `[server.tls]`, loaded: HTTPS on the listener.
+    inbound_tls: Option<InboundTls>,
 }
 
 impl App {
@@ -140,14 +158,21 @@ impl App {
     /// when no carrier URL is configured).
     pub async fn build(config: Config) -> Result<Self, StartupError> {
         config.validate()?;
+        // TLS files first: a bad one is refused before any store is opened.
+        let inbound_tls = inbound_tls(&config.server.tls)?;
+        let carrier_roots = carrier_roots(&config.carrier)?;
         let metrics = prometheus_handle().map_err(StartupError::Metrics)?;
         let callers = Callers::from_config(&config.callers).map_err(StartupError::Callers)?;
         let backends = backend::open(&config).await?;
         register_at_zero(backends.records.backend_name());
         export_limits(config.server.in_flight_max);
         let (carrier_url, carrier_server) = start_carrier(&config).await?;
-        let carrier = CarrierClient::new(&carrier_url, Duration::from_millis(config.carrier.timeout_ms))
-            .map_err(StartupError::Carrier)?;
+        let carrier = CarrierClient::new(
+            &carrier_url,
+            Duration::from_millis(config.carrier.timeout_ms),
+            carrier_roots,
+        )
+        .map_err(StartupError::Carrier)?;
         let tasks = TaskTracker::new();
         let state = AppState {
             idempotency: idempotency::configure(backends.records.clone(), tasks.clone(), config.server.retry_after_s),
@@ -174,6 +199,7 @@ impl App {
             backends,
             carrier_server,
             tasks,
+            inbound_tls,
         };
         app.log_startup(&carrier_url);
         Ok(app)
@@ -231,7 +257,13 @@ impl App {
         let grace = Duration::from_millis(self.config.server.shutdown_grace_ms);
         let readiness_delay = Duration::from_millis(self.config.server.shutdown_readiness_delay_ms).min(grace);
         let draining = CancellationToken::new();
-        let server = serve_connections(listener, self.router(), self.connection_limits(), draining.clone());
+        let server = serve_connections(
+            listener,
+            self.router(),
+            self.connection_limits(),
+            self.inbound_tls.clone(),
+            draining.clone(),
+        );
         tokio::pin!(server);
         let signalled_at = tokio::select! {
             () = &mut server => None,
@@ -281,9 +313,20 @@ impl App {
     /// Serves in a background task; for tests and embedding.
     pub fn start(self, listener: TcpListener) -> Result<RunningServer, StartupError> {
         let addr = listener.local_addr()?;
+        let scheme = self.scheme();
         let stop = CancellationToken::new();
         let task = tokio::spawn(self.serve(listener, stop.clone().cancelled_owned()));
-        Ok(RunningServer { addr, stop, task })
+        Ok(RunningServer {
+            addr,
+            scheme,
+            stop,
+            task,
+        })
+    }
+
+    /// `https` when `[server.tls]` is set, else `http`.
+    pub fn scheme(&self) -> &'static str {
+        if self.inbound_tls.is_some() { "https" } else { "http" }
     }
 }
 
@@ -321,6 +364,7 @@ async fn start_carrier(config: &Config) -> Result<(String, Option<CarrierServer>
 /// A server running in the background.
 pub struct RunningServer {
     addr: SocketAddr,
+    scheme: &'static str,
     stop: CancellationToken,
     task: tokio::task::JoinHandle<Result<(), StartupError>>,
 }
@@ -330,9 +374,9 @@ impl RunningServer {
         self.addr
     }
 
-    /// `http://127.0.0.1:PORT`.
+    /// `http://127.0.0.1:PORT`, or `https://` with `[server.tls]`.
     pub fn base_url(&self) -> String {
-        format!("http://{}", self.addr)
+        format!("{}://{}", self.scheme, self.addr)
     }
 
     /// Starts a graceful shutdown without waiting for it.

@@ -33,6 +33,10 @@ pub struct Backends {
 pub enum BackendError {
     #[error("store.kind = \"{kind}\": {detail}")]
     Refused { kind: &'static str, detail: String },
+    /// A store's TLS (its files, or its handshake at startup) failed:
+    /// "PostgreSQL TLS: ..." or "Redis TLS: ...", with the cause.
+    #[error("store.kind = \"{kind}\": {detail}")]
+    Tls { kind: &'static str, detail: String },
     #[error("store.kind = \"{kind}\": {source}")]
     Store {
         kind: &'static str,
@@ -130,6 +134,23 @@ fn open_embedded(config: &Config, policy: Policy) -> Result<Backends, BackendErr
     })
 }
 
+/// A path from the config, where empty means "not set".
+fn configured_path(path: &str) -> Option<std::path::PathBuf> {
+    (!path.is_empty()).then(|| std::path::PathBuf::from(path))
+}
+
+/// A store's error at opening: its TLS refusals (which the stores' messages
+/// begin with `tls_prefix`) are configuration errors of their own.
+fn store_error(kind: &'static str, tls_prefix: &str, source: StoreError) -> BackendError {
+    match &source {
+        StoreError::Refused { detail, .. } if detail.starts_with(tls_prefix) => BackendError::Tls {
+            kind,
+            detail: detail.clone(),
+        },
+        _ => BackendError::Store { kind, source },
+    }
+}
+
 /// The absolute form of a configured path, for the startup log.
 fn shown_path(path: &std::path::Path) -> String {
     std::path::absolute(path)
@@ -143,6 +164,11 @@ async fn redis_store(config: &Config, policy: Policy) -> Result<store_redis::Red
     let redis = &config.store.redis;
     let redis_config = store_redis::RedisConfig {
         urls: redis.urls.clone(),
+        tls: store_redis::RedisTls {
+            ca_file: configured_path(&redis.ca_file),
+            client_cert_file: configured_path(&redis.client_cert_file),
+            client_key_file: configured_path(&redis.client_key_file),
+        },
         cluster: redis.cluster,
         key_prefix: redis.key_prefix.clone(),
         response_timeout_ms: redis.response_timeout_ms,
@@ -152,7 +178,7 @@ async fn redis_store(config: &Config, policy: Policy) -> Result<store_redis::Red
     };
     let store = store_redis::RedisStore::connect(redis_config, policy)
         .await
-        .map_err(|source| BackendError::Store { kind: "redis", source })?;
+        .map_err(|source| store_error("redis", store_redis::TLS_ERROR_PREFIX, source))?;
     for warning in &store.server_report().warnings {
         tracing::warn!(warning = %warning, "redis");
     }
@@ -207,11 +233,19 @@ fn postgres_store(
         connect_timeout_ms: postgres.connect_timeout_ms,
         statement_timeout_ms: postgres.statement_timeout_ms,
         operation_timeout_ms: postgres.operation_timeout_ms,
+        ssl_mode: postgres.sslmode.store_mode(),
+        ca_file: configured_path(&postgres.ca_file),
         ..store_postgres::PostgresConfig::new(postgres.url.clone())
     };
-    store_postgres::PostgresStore::new(&postgres_config, policy).map_err(|error| BackendError::Refused {
-        kind,
-        detail: error.to_string(),
+    store_postgres::PostgresStore::new(&postgres_config, policy).map_err(|error| match error {
+        store_postgres::ConfigError::Tls(tls) => BackendError::Tls {
+            kind,
+            detail: tls.to_string(),
+        },
+        other => BackendError::Refused {
+            kind,
+            detail: other.to_string(),
+        },
     })
 }
 
@@ -222,13 +256,18 @@ async fn migrated_postgres(
     kind: &'static str,
 ) -> Result<store_postgres::PostgresStore, BackendError> {
     let store = postgres_store(config, policy, kind)?;
-    store
-        .migrate(&[LABELS_MIGRATION])
-        .await
-        .map_err(|error| BackendError::Refused {
+    // The first connection: where a wrong CA shows, at startup.
+    store.migrate(&[LABELS_MIGRATION]).await.map_err(|error| match error {
+        store_postgres::MigrateError::Store(StoreError::Refused { detail, .. })
+            if detail.starts_with(store_postgres::TLS_ERROR_PREFIX) =>
+        {
+            BackendError::Tls { kind, detail }
+        }
+        other => BackendError::Refused {
             kind,
-            detail: format!("migrations: {error}"),
-        })?;
+            detail: format!("migrations: {other}"),
+        },
+    })?;
     Ok(store)
 }
 

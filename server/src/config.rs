@@ -74,6 +74,12 @@ pub const SWEEPER_INTERVAL_MS_MIN: u64 = 10;
 pub const SWEEPER_BATCH_MAX_DEFAULT: usize = 1_000;
 /// Default batches per sweeper run, so one run stays bounded.
 pub const SWEEPER_BATCHES_PER_RUN_DEFAULT: usize = 100;
+/// Default time a client has to finish the TLS handshake on an HTTPS
+/// listener; past it the connection is closed (a slowloris handshake holds
+/// a connection slot no longer than a slowloris header would).
+pub const TLS_HANDSHAKE_TIMEOUT_MS_DEFAULT: u64 = 10_000;
+/// Longest TLS handshake timeout accepted.
+pub const TLS_HANDSHAKE_TIMEOUT_MS_MAX: u64 = 60_000;
 /// Longest simulated carrier latency accepted.
 pub const SIMULATOR_LATENCY_MS_MAX: u64 = 10 * 60 * 1000;
 
@@ -145,6 +151,36 @@ pub struct ServerConfig {
     pub allow_demo_caller_on_public_address: bool,
     /// Workers and the CoDel-bounded queue in front of them (`admission.rs`).
     pub admission: AdmissionConfig,
+    /// HTTPS on the listener; off (plain HTTP) unless both files are set.
+    pub tls: ServerTlsConfig,
+}
+
+/// Inbound HTTPS (`[server.tls]`): PEM files, read at startup.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerTlsConfig {
+    /// The server's certificate chain, leaf first. Empty: plain HTTP.
+    pub cert_file: String,
+    /// The certificate's private key (PKCS#8, PKCS#1 or SEC1).
+    pub key_file: String,
+    /// Time a client has to finish the TLS handshake.
+    pub handshake_timeout_ms: u64,
+}
+
+impl ServerTlsConfig {
+    pub fn enabled(&self) -> bool {
+        !self.cert_file.is_empty() || !self.key_file.is_empty()
+    }
+}
+
+impl Default for ServerTlsConfig {
+    fn default() -> Self {
+        Self {
+            cert_file: String::new(),
+            key_file: String::new(),
+            handshake_timeout_ms: TLS_HANDSHAKE_TIMEOUT_MS_DEFAULT,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -260,6 +296,12 @@ pub struct RedisStoreConfig {
     pub response_timeout_ms: u64,
     pub connection_timeout_ms: u64,
     pub accept_eviction: bool,
+    /// For `rediss://` URLs: the CA that signed the servers' certificates
+    /// (empty: the operating system's trust store), and a client
+    /// certificate and key for servers that require one.
+    pub ca_file: String,
+    pub client_cert_file: String,
+    pub client_key_file: String,
 }
 
 /// `Debug` by hand: the URLs may carry passwords ([`redact_secrets`]).
@@ -271,6 +313,29 @@ pub struct PostgresStoreConfig {
     pub connect_timeout_ms: u64,
     pub statement_timeout_ms: u64,
     pub operation_timeout_ms: u64,
+    /// TLS: disable, require (chain checked against `ca_file`, not the host
+    /// name) or verify-full (chain and host name). Here, never in the URL.
+    pub sslmode: PostgresSslMode,
+    /// The CA that signed the server's certificate; required with TLS.
+    pub ca_file: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PostgresSslMode {
+    Disable,
+    Require,
+    VerifyFull,
+}
+
+impl PostgresSslMode {
+    pub fn store_mode(self) -> store_postgres::SslMode {
+        match self {
+            PostgresSslMode::Disable => store_postgres::SslMode::Disable,
+            PostgresSslMode::Require => store_postgres::SslMode::Require,
+            PostgresSslMode::VerifyFull => store_postgres::SslMode::VerifyFull,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -285,9 +350,12 @@ pub struct FoundationDbStoreConfig {
 #[derive(Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct CarrierConfig {
-    /// Base URL of the carrier (`http://127.0.0.1:9090`). Empty: start the
-    /// simulator in-process.
+    /// Base URL of the carrier (`http://127.0.0.1:9090`, `https://...`).
+    /// Empty: start the simulator in-process.
     pub url: String,
+    /// For an `https://` carrier: trust only this PEM CA. Empty: the
+    /// operating system's trust store.
+    pub ca_file: String,
     /// Budget of one carrier call; must be shorter than the lease.
     pub timeout_ms: u64,
     /// `Retry-After` when the carrier gave no definite answer.
@@ -348,6 +416,9 @@ impl std::fmt::Debug for RedisStoreConfig {
             .field("response_timeout_ms", &self.response_timeout_ms)
             .field("connection_timeout_ms", &self.connection_timeout_ms)
             .field("accept_eviction", &self.accept_eviction)
+            .field("ca_file", &self.ca_file)
+            .field("client_cert_file", &self.client_cert_file)
+            .field("client_key_file", &self.client_key_file)
             .finish()
     }
 }
@@ -361,6 +432,8 @@ impl std::fmt::Debug for PostgresStoreConfig {
             .field("connect_timeout_ms", &self.connect_timeout_ms)
             .field("statement_timeout_ms", &self.statement_timeout_ms)
             .field("operation_timeout_ms", &self.operation_timeout_ms)
+            .field("sslmode", &self.sslmode)
+            .field("ca_file", &self.ca_file)
             .finish()
     }
 }
@@ -370,6 +443,7 @@ impl std::fmt::Debug for CarrierConfig {
         formatter
             .debug_struct("CarrierConfig")
             .field("url", &redact_secrets(&self.url))
+            .field("ca_file", &self.ca_file)
             .field("timeout_ms", &self.timeout_ms)
             .field("retry_after_s", &self.retry_after_s)
             .field("simulator", &self.simulator)
@@ -404,6 +478,7 @@ impl Default for ServerConfig {
             connections_max: CONNECTIONS_MAX_DEFAULT,
             allow_demo_caller_on_public_address: false,
             admission: AdmissionConfig::default(),
+            tls: ServerTlsConfig::default(),
         }
     }
 }
@@ -510,6 +585,9 @@ impl Default for RedisStoreConfig {
             response_timeout_ms: defaults.response_timeout_ms,
             connection_timeout_ms: defaults.connection_timeout_ms,
             accept_eviction: false,
+            ca_file: String::new(),
+            client_cert_file: String::new(),
+            client_key_file: String::new(),
         }
     }
 }
@@ -522,6 +600,8 @@ impl Default for PostgresStoreConfig {
             connect_timeout_ms: store_postgres::CONNECT_TIMEOUT_MS_DEFAULT,
             statement_timeout_ms: store_postgres::STATEMENT_TIMEOUT_MS_DEFAULT,
             operation_timeout_ms: store_postgres::OPERATION_TIMEOUT_MS_DEFAULT,
+            sslmode: PostgresSslMode::Disable,
+            ca_file: String::new(),
         }
     }
 }
@@ -539,6 +619,7 @@ impl Default for CarrierConfig {
     fn default() -> Self {
         Self {
             url: String::new(),
+            ca_file: String::new(),
             timeout_ms: CARRIER_TIMEOUT_MS_DEFAULT,
             retry_after_s: RETRY_AFTER_S_DEFAULT,
             simulator: SimulatorConfig::default(),
@@ -709,7 +790,32 @@ impl Config {
             1,
             CONNECTIONS_MAX_LIMIT as u64,
         )?;
-        check_range("server.retry_after_s", server.retry_after_s, 1, RETRY_AFTER_S_MAX)
+        check_range("server.retry_after_s", server.retry_after_s, 1, RETRY_AFTER_S_MAX)?;
+        self.validate_server_tls()
+    }
+
+    /// Both files or neither: half a TLS config must not fall back to plain HTTP.
+    fn validate_server_tls(&self) -> Result<(), ConfigError> {
+        let tls = &self.server.tls;
+        check_range(
+            "server.tls.handshake_timeout_ms",
+            tls.handshake_timeout_ms,
+            1,
+            TLS_HANDSHAKE_TIMEOUT_MS_MAX,
+        )?;
+        if tls.cert_file.is_empty() && !tls.key_file.is_empty() {
+            return Err(field_error(
+                "server.tls.cert_file",
+                "server.tls.key_file is set: set both or neither",
+            ));
+        }
+        if tls.key_file.is_empty() && !tls.cert_file.is_empty() {
+            return Err(field_error(
+                "server.tls.key_file",
+                "server.tls.cert_file is set: set both or neither",
+            ));
+        }
+        Ok(())
     }
 
     fn validate_callers(&self) -> Result<(), ConfigError> {
@@ -784,10 +890,16 @@ impl Config {
                 ),
             ));
         }
-        if !carrier.url.is_empty() && !carrier.url.starts_with("http://") {
+        if !carrier.url.is_empty() && !carrier.url.starts_with("http://") && !carrier.url.starts_with("https://") {
             return Err(field_error(
                 "carrier.url",
-                "must start with http:// (or be empty for the simulator)",
+                "must start with http:// or https:// (or be empty for the simulator)",
+            ));
+        }
+        if !carrier.ca_file.is_empty() && !carrier.url.starts_with("https://") {
+            return Err(field_error(
+                "carrier.ca_file",
+                "is set but carrier.url is not https://: the CA would never be used",
             ));
         }
         Ok(())
@@ -858,6 +970,12 @@ impl Config {
             return Err(field_error(field, format!("must be {min} to {max}")));
         }
         self.validate_labels(labels)?;
+        if store.kind == StoreKind::Redis {
+            self.validate_redis_tls()?;
+        }
+        if store.kind == StoreKind::Postgres || labels == LabelsKind::Postgres {
+            self.validate_postgres_tls()?;
+        }
         match store.kind {
             StoreKind::Redis if store.redis.urls.is_empty() => Err(field_error(
                 "store.redis.urls",
@@ -866,6 +984,60 @@ impl Config {
             StoreKind::Postgres if store.postgres.url.is_empty() => Err(field_error(
                 "store.postgres.url",
                 "store.kind = \"postgres\" needs a postgres:// URL",
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
+impl Config {
+    /// The TLS files go with `rediss://` URLs, a client certificate with its key.
+    fn validate_redis_tls(&self) -> Result<(), ConfigError> {
+        let redis = &self.store.redis;
+        let tls_urls = redis
+            .urls
+            .iter()
+            .filter(|url| url.starts_with(store_redis::TLS_SCHEME))
+            .count();
+        if tls_urls != 0 && tls_urls != redis.urls.len() {
+            return Err(field_error(
+                "store.redis.urls",
+                "mix redis:// and rediss://: every node speaks TLS or none does",
+            ));
+        }
+        let files = [&redis.ca_file, &redis.client_cert_file, &redis.client_key_file];
+        if tls_urls == 0 && files.iter().any(|file| !file.is_empty()) {
+            return Err(field_error(
+                "store.redis.ca_file",
+                "TLS files are set but store.redis.urls are redis://; use rediss:// for TLS",
+            ));
+        }
+        if redis.client_cert_file.is_empty() != redis.client_key_file.is_empty() {
+            return Err(field_error(
+                "store.redis.client_key_file",
+                "store.redis.client_cert_file and client_key_file go together: set both or neither",
+            ));
+        }
+        Ok(())
+    }
+
+    /// One place says whether PostgreSQL is TLS: `sslmode`, with its CA file.
+    fn validate_postgres_tls(&self) -> Result<(), ConfigError> {
+        let postgres = &self.store.postgres;
+        if postgres.url.contains("sslmode") {
+            return Err(field_error(
+                "store.postgres.url",
+                "carries sslmode; set store.postgres.sslmode instead (disable, require or verify-full)",
+            ));
+        }
+        match (postgres.sslmode, postgres.ca_file.is_empty()) {
+            (PostgresSslMode::Disable, false) => Err(field_error(
+                "store.postgres.ca_file",
+                "is set but store.postgres.sslmode is disable: set sslmode require or verify-full",
+            )),
+            (PostgresSslMode::Require | PostgresSslMode::VerifyFull, true) => Err(field_error(
+                "store.postgres.ca_file",
+                "store.postgres.sslmode require and verify-full need the CA that signed the server's certificate",
             )),
             _ => Ok(()),
         }
@@ -1120,6 +1292,48 @@ mod tests {
             token_sha256("one")
         );
         assert!(refusal(&[("IDEM__CALLERS", &retiring_bad)]).contains("callers.token_sha256"));
+    }
+
+    #[test]
+    fn tls_settings_that_contradict_each_other_are_refused() {
+        // Inbound: both files or neither.
+        assert!(refusal(&[("IDEM__SERVER__TLS__CERT_FILE", "/etc/idem/cert.pem")]).contains("server.tls.key_file"));
+        assert!(refusal(&[("IDEM__SERVER__TLS__KEY_FILE", "/etc/idem/key.pem")]).contains("server.tls.cert_file"));
+        assert!(
+            refusal(&[("IDEM__SERVER__TLS__HANDSHAKE_TIMEOUT_MS", "0")]).contains("server.tls.handshake_timeout_ms")
+        );
+        // Redis: TLS files with redis:// URLs, mixed schemes, a certificate without its key.
+        let redis = ("IDEM__STORE__KIND", "redis");
+        let plain_url = ("IDEM__STORE__REDIS__URLS", r#"["redis://127.0.0.1:6379"]"#);
+        let tls_url = ("IDEM__STORE__REDIS__URLS", r#"["rediss://127.0.0.1:6379"]"#);
+        let ca = ("IDEM__STORE__REDIS__CA_FILE", "/etc/idem/redis-ca.pem");
+        assert!(refusal(&[redis, plain_url, ca]).contains("store.redis.ca_file"));
+        let mixed = (
+            "IDEM__STORE__REDIS__URLS",
+            r#"["rediss://127.0.0.1:1", "redis://127.0.0.1:2"]"#,
+        );
+        assert!(refusal(&[redis, mixed, ("IDEM__STORE__REDIS__CLUSTER", "true")]).contains("store.redis.urls"));
+        let cert_only = ("IDEM__STORE__REDIS__CLIENT_CERT_FILE", "/etc/idem/client.pem");
+        assert!(refusal(&[redis, tls_url, ca, cert_only]).contains("store.redis.client_key_file"));
+        assert!(Config::load(None, env(&[redis, tls_url, ca])).is_ok());
+        // PostgreSQL: sslmode in one place, a CA file exactly when it is TLS.
+        let postgres = ("IDEM__STORE__KIND", "postgres");
+        let url = ("IDEM__STORE__POSTGRES__URL", "postgres://idem@db/idem");
+        let url_sslmode = ("IDEM__STORE__POSTGRES__URL", "postgres://idem@db/idem?sslmode=require");
+        assert!(refusal(&[postgres, url_sslmode]).contains("store.postgres.url"));
+        let verify_full = ("IDEM__STORE__POSTGRES__SSLMODE", "verify-full");
+        let pg_ca = ("IDEM__STORE__POSTGRES__CA_FILE", "/etc/idem/pg-ca.pem");
+        assert!(refusal(&[postgres, url, verify_full]).contains("store.postgres.ca_file"));
+        assert!(refusal(&[postgres, url, pg_ca]).contains("store.postgres.ca_file"));
+        assert!(refusal(&[postgres, url, ("IDEM__STORE__POSTGRES__SSLMODE", "verify-ca")]).contains("verify-ca"));
+        let config = Config::load(None, env(&[postgres, url, verify_full, pg_ca])).unwrap();
+        assert_eq!(config.store.postgres.sslmode, PostgresSslMode::VerifyFull);
+        // Carrier: https:// is allowed, its CA file only with https://.
+        let https = ("IDEM__CARRIER__URL", "https://carrier.example");
+        let carrier_ca = ("IDEM__CARRIER__CA_FILE", "/etc/idem/carrier-ca.pem");
+        assert!(Config::load(None, env(&[https, carrier_ca])).is_ok());
+        assert!(refusal(&[carrier_ca]).contains("carrier.ca_file"));
+        assert!(refusal(&[("IDEM__CARRIER__URL", "ftp://carrier")]).contains("carrier.url"));
     }
 
     #[test]

@@ -10,16 +10,24 @@
 //! - a **connection cap**: a connection holds one of `server.connections_max`
 //!   slots from accept to close; with every slot taken the server stops
 //!   accepting, and new connections wait in the kernel's backlog until one
-//!   closes, instead of costing a task and a buffer each.
+//!   closes, instead of costing a task and a buffer each;
+//! - with `[server.tls]`, a **TLS handshake timeout**: the handshake runs in
+//!   the connection's own task, holding its slot, and must finish within
+//!   `server.tls.handshake_timeout_ms`, or the connection is closed; then
+//!   the header-read timeout applies to the decrypted stream as above. A
+//!   client that does not speak TLS fails the handshake and is closed
+//!   without an answer.
 //!
 //! Shutdown is as with `axum::serve`'s graceful shutdown: when `draining`
 //! is cancelled the server stops accepting, every connection finishes the
 //! request it is serving and closes, and [`serve_connections`] returns once
 //! the last one has closed.
 
+use crate::tls::InboundTls;
 use axum::Router;
 use axum::body::Body;
 use hyper::body::Incoming;
+use hyper::rt::{Read, Write};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use std::sync::Arc;
 use std::time::Duration;
@@ -45,18 +53,31 @@ pub struct ConnectionLimits {
 
 /// Accepts and serves connections on `listener` until `draining` is
 /// cancelled, then waits for the open connections to finish and close.
+///
+/// With `tls`, each connection is served only after its TLS handshake
+/// finished within the handshake timeout.
 pub async fn serve_connections(
     listener: TcpListener,
     router: Router,
     limits: ConnectionLimits,
+    tls: Option<InboundTls>,
     draining: CancellationToken,
 ) {
     let connections = TaskTracker::new();
     let slots = Arc::new(Semaphore::new(limits.connections_max));
     while let Some((stream, slot)) = next_connection(&listener, &slots, &draining).await {
-        let connection = serve_connection(stream, router.clone(), limits.header_read_timeout, draining.clone());
+        let router = router.clone();
+        let draining = draining.clone();
+        let tls = tls.clone();
         connections.spawn(async move {
-            connection.await;
+            match tls {
+                None => serve_connection(TokioIo::new(stream), router, limits.header_read_timeout, draining).await,
+                Some(tls) => {
+                    if let Some(stream) = handshake(stream, &tls, &draining).await {
+                        serve_connection(TokioIo::new(stream), router, limits.header_read_timeout, draining).await;
+                    }
+                }
+            }
             drop(slot);
         });
     }
@@ -102,10 +123,37 @@ fn is_connection_error(error: &std::io::Error) -> bool {
     matches!(error.kind(), ConnectionRefused | ConnectionAborted | ConnectionReset)
 }
 
+/// The TLS stream once the handshake finished within its timeout; `None`
+/// when it failed (a client that does not speak TLS, or trusts another
+/// CA), timed out (a slowloris handshake), or draining began meanwhile.
+async fn handshake(
+    stream: TcpStream,
+    tls: &InboundTls,
+    draining: &CancellationToken,
+) -> Option<tokio_rustls::server::TlsStream<TcpStream>> {
+    let accepted = tokio::select! {
+        () = draining.cancelled() => return None,
+        accepted = tokio::time::timeout(tls.handshake_timeout, tls.acceptor.accept(stream)) => accepted,
+    };
+    match accepted {
+        Ok(Ok(stream)) => Some(stream),
+        Ok(Err(error)) => {
+            // The client's business (a plain HTTP client, a CA it does not
+            // trust): logged for debugging only, like a client that hung up.
+            tracing::debug!(%error, "TLS handshake failed");
+            None
+        }
+        Err(_elapsed) => {
+            tracing::debug!(timeout = ?tls.handshake_timeout, "TLS handshake timed out");
+            None
+        }
+    }
+}
+
 /// Serves one connection's requests until it closes, is cut by the
 /// header-read timeout, or finishes its request in flight after draining began.
-async fn serve_connection(
-    stream: TcpStream,
+async fn serve_connection<S: Read + Write + Unpin + Send + 'static>(
+    stream: S,
     router: Router,
     header_read_timeout: Duration,
     draining: CancellationToken,
@@ -117,7 +165,7 @@ async fn serve_connection(
     builder
         .timer(TokioTimer::new())
         .header_read_timeout(header_read_timeout);
-    let connection = builder.serve_connection(TokioIo::new(stream), service);
+    let connection = builder.serve_connection(stream, service);
     tokio::pin!(connection);
     let served = tokio::select! {
         served = connection.as_mut() => served,

@@ -41,6 +41,7 @@ pub mod redact;
 pub mod request_context;
 pub mod sweeper;
 pub mod time;
+pub mod tls;
 
 pub use app::{App, AppState, RunningServer, StartupError, router};
 pub use config::Config;

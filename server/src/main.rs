@@ -79,7 +79,8 @@ enum Command {
     },
 }
 
-/// Exit code of a refused invocation (bad config, bad input), as for a refused config.
+/// Exit code of a refused invocation (bad config, a TLS file or a store's
+/// TLS that failed, bad input).
 const REFUSED_EXIT_CODE: u8 = 2;
 /// Exit code of `forget-unreadable-record` when the record is readable and
 /// was kept.
@@ -140,11 +141,16 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
+            let refused = error.is_refused_config();
             // Store errors may quote a URL; its password never reaches the output.
             let error = redact_secrets(&error.to_string());
             tracing::error!(%error, "server: refusing to start");
             eprintln!("server: {error}");
-            ExitCode::FAILURE
+            if refused {
+                ExitCode::from(REFUSED_EXIT_CODE)
+            } else {
+                ExitCode::FAILURE
+            }
         }
     }
 }
@@ -262,7 +268,7 @@ async fn run_server(config: Config) -> Result<(), StartupError> {
     let listen = config.listen_addr()?;
     let app = App::build(config).await?;
     let listener = server::app::listen(listen)?;
-    tracing::info!("listening on http://{}", listener.local_addr()?);
+    tracing::info!("listening on {}://{}", app.scheme(), listener.local_addr()?);
     app.serve(listener, shutdown_signal()).await
 }
 

@@ -1,9 +1,19 @@
 //! Connection settings, their named defaults and limits, and the pool they build.
 
+use crate::tls::{TlsError, tls_connector};
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use std::fmt;
+use std::path::PathBuf;
 use std::time::Duration;
 use tokio_postgres::NoTls;
+
+/// How a connection outside the pool (the change listener) connects: as
+/// the pool's do.
+#[derive(Clone)]
+pub(crate) enum ListenerTls {
+    Plain,
+    Rustls(tokio_postgres_rustls::MakeRustlsConnect),
+}
 
 /// Connections the pool keeps open at most.
 pub const POOL_SIZE_DEFAULT: usize = 16;
@@ -24,6 +34,35 @@ pub const OPERATION_TIMEOUT_MS_DEFAULT: u64 = 10_000;
 /// Longest any of the timeouts above may be set to.
 pub const TIMEOUT_MS_MAX: u64 = 10 * 60 * 1000;
 
+/// Whether the connection is TLS and what it checks. libpq's names; set in
+/// [`PostgresConfig::ssl_mode`], never in the URL (a URL that carries
+/// `sslmode` is refused, so there is one place that says it).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum SslMode {
+    /// Plain TCP (a database on loopback or a private network).
+    #[default]
+    Disable,
+    /// TLS; the server's certificate must chain to the CA file, its host
+    /// name is not checked (libpq's `require` with a root certificate, i.e.
+    /// `verify-ca`): for a server reached by an address its certificate
+    /// does not name. Unlike libpq without a root certificate, the chain is
+    /// always checked: an unverified TLS connection is not offered.
+    Require,
+    /// TLS; the certificate must chain to the CA file and name the host
+    /// the URL connects to.
+    VerifyFull,
+}
+
+impl SslMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            SslMode::Disable => "disable",
+            SslMode::Require => "require",
+            SslMode::VerifyFull => "verify-full",
+        }
+    }
+}
+
 /// Where the database is and how long to wait for it.
 #[derive(Clone, PartialEq, Eq)]
 pub struct PostgresConfig {
@@ -36,6 +75,9 @@ pub struct PostgresConfig {
     pub statement_timeout_ms: u64,
     pub idle_in_transaction_timeout_ms: u64,
     pub operation_timeout_ms: u64,
+    pub ssl_mode: SslMode,
+    /// The PEM CA that signed the server's certificate; required with TLS.
+    pub ca_file: Option<PathBuf>,
 }
 
 /// Why a [`PostgresConfig`] was refused.
@@ -49,6 +91,16 @@ pub enum ConfigError {
     Timeout { name: &'static str, value: u64 },
     #[error("connection pool could not be built: {0}")]
     Pool(String),
+    #[error(
+        "the database url sets sslmode; set it in the store's sslmode setting instead (disable, require or verify-full), so one place says it"
+    )]
+    SslModeInUrl,
+    #[error("sslmode {} needs a CA file (the CA that signed the server's certificate)", .0.name())]
+    CaFileRequired(SslMode),
+    #[error("a CA file is set but sslmode is disable: the CA would never be used; set sslmode require or verify-full")]
+    CaFileWithoutTls,
+    #[error(transparent)]
+    Tls(#[from] TlsError),
 }
 
 impl PostgresConfig {
@@ -62,6 +114,8 @@ impl PostgresConfig {
             statement_timeout_ms: STATEMENT_TIMEOUT_MS_DEFAULT,
             idle_in_transaction_timeout_ms: IDLE_IN_TRANSACTION_TIMEOUT_MS_DEFAULT,
             operation_timeout_ms: OPERATION_TIMEOUT_MS_DEFAULT,
+            ssl_mode: SslMode::Disable,
+            ca_file: None,
         }
     }
 
@@ -70,6 +124,7 @@ impl PostgresConfig {
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
+        self.validate_tls()?;
         if !(1..=POOL_SIZE_MAX).contains(&self.pool_size) {
             return Err(ConfigError::PoolSize(self.pool_size));
         }
@@ -89,6 +144,18 @@ impl PostgresConfig {
         }
     }
 
+    /// The TLS settings agree with each other and with the URL.
+    fn validate_tls(&self) -> Result<(), ConfigError> {
+        if self.url.contains("sslmode") {
+            return Err(ConfigError::SslModeInUrl);
+        }
+        match (self.ssl_mode, &self.ca_file) {
+            (SslMode::Disable, Some(_)) => Err(ConfigError::CaFileWithoutTls),
+            (SslMode::Require | SslMode::VerifyFull, None) => Err(ConfigError::CaFileRequired(self.ssl_mode)),
+            _ => Ok(()),
+        }
+    }
+
     /// The driver's config: the URL plus our timeouts. The server-side
     /// timeouts travel as startup options, appended to any the URL carries.
     fn driver_config(&self) -> Result<tokio_postgres::Config, ConfigError> {
@@ -99,33 +166,49 @@ impl PostgresConfig {
             self.statement_timeout_ms,
             self.idle_in_transaction_timeout_ms,
         );
+        // Set whatever the mode: the driver's own default is `prefer`, which
+        // would try TLS whenever a connector is given and the server offers it.
+        let driver_ssl_mode = match self.ssl_mode {
+            SslMode::Disable => tokio_postgres::config::SslMode::Disable,
+            SslMode::Require | SslMode::VerifyFull => tokio_postgres::config::SslMode::Require,
+        };
         config
+            .ssl_mode(driver_ssl_mode)
             .options(options.trim_start())
             .connect_timeout(Duration::from_millis(self.connect_timeout_ms))
             .application_name("idem");
         Ok(config)
     }
 
-    /// Builds the pool. No connection is opened until the first call, so a
-    /// database that is down at startup surfaces as retryable errors later,
-    /// not as a failure here.
-    /// The driver settings of the store's change listener
-    /// (`notify.rs`): the pool's, on a connection of its own.
-    pub(crate) fn listener_config(&self) -> Result<tokio_postgres::Config, ConfigError> {
-        self.driver_config()
+    /// The driver settings and the TLS connector of the store's change
+    /// listener (`notify.rs`): the pool's, for a connection of its own.
+    pub(crate) fn listener_config(&self) -> Result<(tokio_postgres::Config, ListenerTls), ConfigError> {
+        let tls = match (&self.ca_file, self.ssl_mode) {
+            (Some(ca_file), SslMode::Require | SslMode::VerifyFull) => {
+                ListenerTls::Rustls(tls_connector(ca_file, self.ssl_mode)?)
+            }
+            _ => ListenerTls::Plain,
+        };
+        Ok((self.driver_config()?, tls))
     }
 
+    /// Builds the pool. No connection is opened until the first call, so a
+    /// database that is down at startup surfaces as retryable errors later,
+    /// not as a failure here; the CA file, though, is read and parsed here.
     pub(crate) fn build_pool(&self) -> Result<Pool, ConfigError> {
         self.validate()?;
-        let manager = Manager::from_config(
-            self.driver_config()?,
-            NoTls,
-            ManagerConfig {
-                // A cheap liveness check on checkout; broken connections are
-                // reported as closed by the driver and replaced.
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
+        let manager_config = ManagerConfig {
+            // A cheap liveness check on checkout; broken connections are
+            // reported as closed by the driver and replaced.
+            recycling_method: RecyclingMethod::Fast,
+        };
+        let driver_config = self.driver_config()?;
+        let manager = match (&self.ca_file, self.ssl_mode) {
+            (Some(ca_file), SslMode::Require | SslMode::VerifyFull) => {
+                Manager::from_config(driver_config, tls_connector(ca_file, self.ssl_mode)?, manager_config)
+            }
+            _ => Manager::from_config(driver_config, NoTls, manager_config),
+        };
         let connect_timeout = Duration::from_millis(self.connect_timeout_ms);
         Pool::builder(manager)
             .max_size(self.pool_size)
@@ -149,6 +232,8 @@ impl fmt::Debug for PostgresConfig {
             .field("statement_timeout_ms", &self.statement_timeout_ms)
             .field("idle_in_transaction_timeout_ms", &self.idle_in_transaction_timeout_ms)
             .field("operation_timeout_ms", &self.operation_timeout_ms)
+            .field("ssl_mode", &self.ssl_mode)
+            .field("ca_file", &self.ca_file)
             .finish()
     }
 }
@@ -202,6 +287,31 @@ mod tests {
         ));
         config.statement_timeout_ms = TIMEOUT_MS_MAX + 1;
         assert!(config.build_pool().is_err());
+    }
+
+    #[test]
+    fn tls_settings_must_agree() {
+        let ca_file = Some(PathBuf::from("/etc/idem/postgres-ca.pem"));
+        let mut config = PostgresConfig::new("postgres://idem@127.0.0.1/idem?sslmode=require");
+        assert!(matches!(config.validate(), Err(ConfigError::SslModeInUrl)));
+        config.url = "postgres://idem@127.0.0.1/idem".to_owned();
+        config.ssl_mode = SslMode::VerifyFull;
+        assert!(matches!(
+            config.validate(),
+            Err(ConfigError::CaFileRequired(SslMode::VerifyFull))
+        ));
+        config.ca_file = ca_file;
+        assert!(config.validate().is_ok());
+        config.ssl_mode = SslMode::Disable;
+        assert!(matches!(config.validate(), Err(ConfigError::CaFileWithoutTls)));
+        // The CA file is read when the pool is built: a missing one is refused there.
+        config.ssl_mode = SslMode::Require;
+        let missing = config
+            .build_pool()
+            .err()
+            .map(|error| error.to_string())
+            .unwrap_or_default();
+        assert!(missing.contains("PostgreSQL TLS: cannot read the CA file"), "{missing}");
     }
 
     #[test]

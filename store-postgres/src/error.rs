@@ -82,6 +82,9 @@ fn classify_without_code(error: &tokio_postgres::Error) -> ErrorClass {
 
 /// The [`StoreError`] for an error that is not retried inside the store.
 pub(crate) fn store_error(error: tokio_postgres::Error) -> StoreError {
+    if let Some(refusal) = crate::tls::handshake_refusal(&error) {
+        return refusal;
+    }
     match classify(&error) {
         ErrorClass::Unavailable => StoreError::unavailable("postgresql did not answer", error),
         ErrorClass::Conflict | ErrorClass::Refused => StoreError::refused("postgresql refused the statement", error),

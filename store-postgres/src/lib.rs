@@ -24,11 +24,12 @@ mod row;
 mod store;
 #[cfg(feature = "testkit")]
 pub mod testkit;
+mod tls;
 
 pub use config::{
     CONNECT_TIMEOUT_MS_DEFAULT, ConfigError, IDLE_IN_TRANSACTION_TIMEOUT_MS_DEFAULT, OPERATION_TIMEOUT_MS_DEFAULT,
     POOL_SIZE_DEFAULT, POOL_SIZE_MAX, POOL_WAIT_TIMEOUT_MS_DEFAULT, PostgresConfig, STATEMENT_TIMEOUT_MS_DEFAULT,
-    TIMEOUT_MS_MAX,
+    SslMode, TIMEOUT_MS_MAX,
 };
 /// The driver and its pool, so callers write effects against the same versions
 /// (an effect gets a `deadpool_postgres::Transaction`).
@@ -44,4 +45,5 @@ pub use notify::{
     LISTENER_RETRY_DELAY_MS_MIN,
 };
 pub use store::PostgresStore;
+pub use tls::{CA_FILE_BYTES_MAX, TLS_ERROR_PREFIX, TlsError};
 pub use tokio_postgres;

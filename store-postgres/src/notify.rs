@@ -16,6 +16,7 @@
 //! succeeds, every waiter is woken once to read its record again, since
 //! notifications sent before that were lost.
 
+use crate::config::ListenerTls;
 use std::future::poll_fn;
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
@@ -40,17 +41,19 @@ pub const LISTENER_KEEPALIVE_IDLE_MS: u64 = 30_000;
 /// The listening task of one store instance, started by the first waiter.
 pub(crate) struct ChangeListener {
     config: tokio_postgres::Config,
+    tls: ListenerTls,
     task: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl ChangeListener {
-    pub(crate) fn new(mut config: tokio_postgres::Config) -> Self {
+    pub(crate) fn new(mut config: tokio_postgres::Config, tls: ListenerTls) -> Self {
         config
             .application_name(LISTENER_APPLICATION_NAME)
             .keepalives(true)
             .keepalives_idle(Duration::from_millis(LISTENER_KEEPALIVE_IDLE_MS));
         Self {
             config,
+            tls,
             task: Mutex::new(None),
         }
     }
@@ -62,7 +65,7 @@ impl ChangeSource for ChangeListener {
         let running = task.as_ref().is_some_and(|task| !task.is_finished());
         // Outside a runtime there is nothing to spawn on; the waiters poll.
         if !running && let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            *task = Some(runtime.spawn(listen_while_alive(self.config.clone(), notifier)));
+            *task = Some(runtime.spawn(listen_while_alive(self.config.clone(), self.tls.clone(), notifier)));
         }
         WatchGuard::none()
     }
@@ -77,10 +80,20 @@ impl Drop for ChangeListener {
 }
 
 /// Listens, and listens again after each failure, until the store is gone.
-async fn listen_while_alive(config: tokio_postgres::Config, notifier: ChangeNotifier) {
+async fn listen_while_alive(config: tokio_postgres::Config, tls: ListenerTls, notifier: ChangeNotifier) {
     let mut failures: u32 = 0;
     while notifier.is_alive() {
-        match listen(&config, &notifier).await {
+        let listened = match &tls {
+            ListenerTls::Plain => match config.connect(NoTls).await {
+                Ok((client, connection)) => listen(client, connection, &notifier).await,
+                Err(error) => Err(error),
+            },
+            ListenerTls::Rustls(connector) => match config.connect(connector.clone()).await {
+                Ok((client, connection)) => listen(client, connection, &notifier).await,
+                Err(error) => Err(error),
+            },
+        };
+        match listened {
             Ok(()) => failures = 0,
             Err(error) => {
                 failures = failures.saturating_add(1);
@@ -93,8 +106,14 @@ async fn listen_while_alive(config: tokio_postgres::Config, notifier: ChangeNoti
 
 /// One connection's life: `LISTEN`, wake every waiter, then hand on each
 /// notification until the connection ends or the store is gone.
-async fn listen(config: &tokio_postgres::Config, notifier: &ChangeNotifier) -> Result<(), tokio_postgres::Error> {
-    let (client, mut connection) = config.connect(NoTls).await?;
+async fn listen<Stream>(
+    client: tokio_postgres::Client,
+    mut connection: tokio_postgres::Connection<tokio_postgres::Socket, Stream>,
+    notifier: &ChangeNotifier,
+) -> Result<(), tokio_postgres::Error>
+where
+    Stream: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
     let statement = format!("LISTEN {CHANGES_CHANNEL}");
     let listen = client.batch_execute(&statement);
     tokio::pin!(listen);

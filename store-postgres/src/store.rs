@@ -128,7 +128,10 @@ impl PostgresStore {
     /// that is down shows up as retryable errors from the calls. Run
     /// [`PostgresStore::migrate`] once before serving.
     pub fn new(config: &PostgresConfig, policy: Policy) -> Result<Self, ConfigError> {
-        let listener = ChangeListener::new(config.listener_config()?);
+        let listener = {
+            let (driver_config, tls) = config.listener_config()?;
+            ChangeListener::new(driver_config, tls)
+        };
         Ok(Self {
             pool: config.build_pool()?,
             policy,

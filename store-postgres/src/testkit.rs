@@ -7,11 +7,15 @@
 //! the `postgres` OS user (Debian's package creates it) and every server
 //! command runs through `runuser -u postgres --`.
 //!
+//! [`PostgresServer::start_tls`] starts one with `ssl = on`, certificates
+//! the test generates, and a `pg_hba.conf` that accepts TCP connections
+//! only over TLS (`hostssl`), so a plain connection is refused.
+//!
 //! A server kept in a `static` is never dropped, so each server also starts
 //! a small watchdog process that stops it and removes its directory once the
 //! test process has exited, however it exited.
 
-use crate::config::PostgresConfig;
+use crate::config::{PostgresConfig, SslMode};
 use crate::migrate::{MigrateError, Migration};
 use crate::store::PostgresStore;
 use std::os::unix::fs::MetadataExt;
@@ -22,6 +26,7 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use store_core::Policy;
 use tempfile::TempDir;
+use test_support::tls::TestCertificates;
 
 /// Where Debian's packages install the server binaries, one folder per version.
 pub const DEBIAN_POSTGRESQL_DIR: &str = "/usr/lib/postgresql";
@@ -38,6 +43,10 @@ pub const SERVER_START_TIMEOUT_S: u32 = 60;
 pub const SERVER_START_ATTEMPTS: u32 = 3;
 /// Connections the test server accepts; every test's pool draws on it.
 pub const SERVER_CONNECTIONS_MAX: u32 = 300;
+/// `pg_hba.conf` of a TLS server: the harness's Unix socket, and TCP
+/// connections only over TLS.
+pub const TLS_ONLY_HBA: &str =
+    "local all all trust\nhostssl all all 127.0.0.1/32 trust\nhostssl all all ::1/128 trust\n";
 /// How often the watchdog checks whether the test process is still alive.
 pub const WATCHDOG_POLL_S: u32 = 1;
 
@@ -88,6 +97,8 @@ pub struct PostgresServer {
     port: u16,
     watchdog: Option<Child>,
     databases_created: AtomicU64,
+    /// The certificates of a server started with TLS.
+    tls: Option<TestCertificates>,
 }
 
 /// A fresh, empty database on a [`PostgresServer`].
@@ -95,12 +106,23 @@ pub struct PostgresServer {
 pub struct TestDatabase {
     pub name: String,
     pub url: String,
+    /// The test CA, on a server started with TLS.
+    pub ca_file: Option<PathBuf>,
 }
 
 impl TestDatabase {
-    /// A config for this database with every setting at its default.
+    /// A config for this database with every setting at its default; on a
+    /// TLS server, `verify-full` against the test CA.
     pub fn config(&self) -> PostgresConfig {
-        PostgresConfig::new(self.url.clone())
+        PostgresConfig {
+            ssl_mode: if self.ca_file.is_some() {
+                SslMode::VerifyFull
+            } else {
+                SslMode::Disable
+            },
+            ca_file: self.ca_file.clone(),
+            ..PostgresConfig::new(self.url.clone())
+        }
     }
 
     /// A store on this database with the store's migrations and `extra` applied.
@@ -121,6 +143,18 @@ impl PostgresServer {
 
     /// As [`PostgresServer::start`], with the durability given.
     pub fn start_with(durability: ServerDurability) -> Result<Self, HarnessError> {
+        Self::start_with_tls(durability, false)
+    }
+
+    /// A throw-away cluster with `ssl = on`, a server certificate for
+    /// 127.0.0.1 and localhost signed by a CA the test generated
+    /// ([`PostgresServer::certificates`]), and TCP connections accepted
+    /// only over TLS.
+    pub fn start_tls() -> Result<Self, HarnessError> {
+        Self::start_with_tls(ServerDurability::Throwaway, true)
+    }
+
+    fn start_with_tls(durability: ServerDurability, tls: bool) -> Result<Self, HarnessError> {
         let bin_dir = find_bin_dir()?;
         let directory = tempfile::Builder::new()
             .prefix("idem-postgres-")
@@ -138,8 +172,12 @@ impl PostgresServer {
             port: 0,
             watchdog: None,
             databases_created: AtomicU64::new(0),
+            tls: None,
         };
         server.init_cluster()?;
+        if tls {
+            server.tls = Some(server.configure_tls()?);
+        }
         server.start_on_a_free_port()?;
         server.watchdog = Some(server.spawn_watchdog()?);
         Ok(server)
@@ -157,8 +195,26 @@ impl PostgresServer {
         })
     }
 
+    /// One TLS server ([`PostgresServer::start_tls`]) for the whole test
+    /// process, started on first use.
+    ///
+    /// # Panics
+    /// When the server cannot start.
+    pub fn shared_tls() -> &'static PostgresServer {
+        static SHARED_TLS: OnceLock<PostgresServer> = OnceLock::new();
+        SHARED_TLS.get_or_init(|| match PostgresServer::start_tls() {
+            Ok(server) => server,
+            Err(error) => panic!("could not start the test PostgreSQL server with TLS: {error}"),
+        })
+    }
+
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// The certificates of a server started with [`PostgresServer::start_tls`].
+    pub fn certificates(&self) -> Option<&TestCertificates> {
+        self.tls.as_ref()
     }
 
     /// The temporary directory holding the cluster, its socket and its log.
@@ -180,7 +236,7 @@ impl PostgresServer {
     pub async fn create_database(&self) -> Result<TestDatabase, HarnessError> {
         let number = self.databases_created.fetch_add(1, Ordering::Relaxed);
         let name = format!("idem_test_{number}_{:08x}", rand::random::<u32>());
-        let (client, connection) = tokio_postgres::connect(&self.url("postgres"), tokio_postgres::NoTls).await?;
+        let (client, connection) = tokio_postgres::connect(&self.admin_url(), tokio_postgres::NoTls).await?;
         let driver = tokio::spawn(connection);
         let created = client.batch_execute(&format!("CREATE DATABASE {name}")).await;
         drop(client);
@@ -191,7 +247,41 @@ impl PostgresServer {
         Ok(TestDatabase {
             url: self.url(&name),
             name,
+            ca_file: self.tls.as_ref().map(|certificates| certificates.ca_file.clone()),
         })
+    }
+
+    /// Where the harness itself connects: over TCP, or through the Unix
+    /// socket on a TLS server, whose TCP port takes TLS connections only.
+    fn admin_url(&self) -> String {
+        match self.tls {
+            None => self.url("postgres"),
+            Some(_) => format!(
+                "host={} port={} user={SUPERUSER} dbname=postgres",
+                self.directory.path().display(),
+                self.port
+            ),
+        }
+    }
+
+    /// Writes test certificates into the cluster's directory (owned by the
+    /// server's OS user: PostgreSQL refuses a key file others may read),
+    /// turns `ssl` on and allows TCP connections only with TLS (`hostssl`).
+    fn configure_tls(&self) -> Result<TestCertificates, HarnessError> {
+        let tls_dir = self.directory.path().join("tls");
+        std::fs::create_dir(&tls_dir).map_err(io_error("create the TLS directory"))?;
+        let certificates = TestCertificates::generate(&tls_dir).map_err(io_error("generate test certificates"))?;
+        if let Some(user) = self.os_user {
+            run(Command::new("chown").arg("-R").arg(format!("{user}:")).arg(&tls_dir))?;
+        }
+        let settings = format!(
+            "\nssl = on\nssl_cert_file = '{}'\nssl_key_file = '{}'\n",
+            certificates.server_cert_file.display(),
+            certificates.server_key_file.display()
+        );
+        append(&self.data_dir().join("postgresql.conf"), &settings)?;
+        std::fs::write(self.data_dir().join("pg_hba.conf"), TLS_ONLY_HBA).map_err(io_error("write pg_hba.conf"))?;
+        Ok(certificates)
     }
 
     fn data_dir(&self) -> PathBuf {
@@ -323,6 +413,16 @@ impl Drop for PostgresServer {
             let _ = watchdog.wait();
         }
     }
+}
+
+fn append(path: &Path, text: &str) -> Result<(), HarnessError> {
+    use std::io::Write;
+    let mut file = std::fs::OpenOptions::new()
+        .append(true)
+        .open(path)
+        .map_err(io_error(format!("open {}", path.display())))?;
+    file.write_all(text.as_bytes())
+        .map_err(io_error(format!("write {}", path.display())))
 }
 
 fn running_as_root() -> Result<bool, HarnessError> {

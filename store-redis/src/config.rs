@@ -4,6 +4,7 @@
 //! before a connection is made, so a bad setting is refused at startup with a
 //! message that names it.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 /// Default time the client waits for one reply before reporting the store
@@ -47,6 +48,14 @@ pub enum ConfigError {
     ConnectionTimeout,
     #[error("WAIT needs 1 to {WAIT_REPLICAS_MAX} replicas and a timeout of 1 to {WAIT_TIMEOUT_MS_MAX} ms")]
     Wait,
+    #[error("the Redis URLs mix redis:// and rediss://; every node of one deployment speaks TLS or none does")]
+    MixedSchemes,
+    #[error("TLS files (CA, client certificate) are configured but the URLs are redis://; use rediss:// for TLS")]
+    TlsFilesWithoutRediss,
+    #[error("a client certificate needs its key and a key its certificate: set both files or neither")]
+    ClientCertificateWithoutKey,
+    #[error("rediss://...#insecure (no certificate verification) is refused; trust the server's CA with a CA file")]
+    InsecureTls,
     #[error(
         "response timeout {response_timeout_ms} ms must exceed the WAIT timeout {wait_timeout_ms} ms by at least {RESPONSE_TIMEOUT_MARGIN_MS} ms"
     )]
@@ -66,12 +75,36 @@ pub struct WaitConfig {
     pub timeout_ms: u64,
 }
 
+/// The scheme of a Redis URL that speaks TLS.
+pub const TLS_SCHEME: &str = "rediss://";
+
+/// Certificates for `rediss://` URLs, as PEM files. Read and parsed when
+/// the store connects, so a missing or malformed file is a startup error.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RedisTls {
+    /// The CA that signed the servers' certificates. `None`: the operating
+    /// system's trust store (rustls-native-certs).
+    pub ca_file: Option<PathBuf>,
+    /// A client certificate for servers that ask for one
+    /// (`tls-auth-clients yes`), with its private key.
+    pub client_cert_file: Option<PathBuf>,
+    pub client_key_file: Option<PathBuf>,
+}
+
+impl RedisTls {
+    fn has_files(&self) -> bool {
+        self.ca_file.is_some() || self.client_cert_file.is_some() || self.client_key_file.is_some()
+    }
+}
+
 /// Everything the Redis backend needs besides the [`store_core::Policy`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RedisConfig {
-    /// `redis://host:port` addresses. One for a standalone server; for a
-    /// cluster, any nodes to learn the topology from.
+    /// `redis://host:port` addresses (`rediss://` for TLS). One for a
+    /// standalone server; for a cluster, any nodes to learn the topology from.
     pub urls: Vec<String>,
+    /// Certificates for `rediss://` URLs.
+    pub tls: RedisTls,
     /// Talk the Redis Cluster protocol.
     pub cluster: bool,
     /// Prepended to every key this store writes.
@@ -92,6 +125,7 @@ impl RedisConfig {
     pub fn standalone(url: impl Into<String>) -> Self {
         Self {
             urls: vec![url.into()],
+            tls: RedisTls::default(),
             cluster: false,
             key_prefix: KEY_PREFIX_DEFAULT.to_owned(),
             response_timeout_ms: RESPONSE_TIMEOUT_MS_DEFAULT,
@@ -113,6 +147,7 @@ impl RedisConfig {
     /// Checks every limit; the URLs themselves are parsed by the client.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.validate_urls()?;
+        self.validate_tls()?;
         if !key_prefix_is_valid(&self.key_prefix) {
             return Err(ConfigError::KeyPrefix);
         }
@@ -138,6 +173,28 @@ impl RedisConfig {
         }
         if !self.cluster && count != 1 {
             return Err(ConfigError::StandaloneNeedsOneUrl { count });
+        }
+        Ok(())
+    }
+
+    /// True when the URLs are `rediss://` (checked to be all or none by [`RedisConfig::validate`]).
+    pub fn uses_tls(&self) -> bool {
+        self.urls.first().is_some_and(|url| url.starts_with(TLS_SCHEME))
+    }
+
+    fn validate_tls(&self) -> Result<(), ConfigError> {
+        let tls_urls = self.urls.iter().filter(|url| url.starts_with(TLS_SCHEME)).count();
+        if tls_urls != 0 && tls_urls != self.urls.len() {
+            return Err(ConfigError::MixedSchemes);
+        }
+        if tls_urls == 0 && self.tls.has_files() {
+            return Err(ConfigError::TlsFilesWithoutRediss);
+        }
+        if self.tls.client_cert_file.is_some() != self.tls.client_key_file.is_some() {
+            return Err(ConfigError::ClientCertificateWithoutKey);
+        }
+        if self.urls.iter().any(|url| url.contains("#insecure")) {
+            return Err(ConfigError::InsecureTls);
         }
         Ok(())
     }
@@ -210,6 +267,38 @@ mod tests {
         assert_eq!(config.validate(), Err(ConfigError::StandaloneNeedsOneUrl { count: 2 }));
         config.urls.clear();
         assert_eq!(config.validate(), Err(ConfigError::NoUrls));
+    }
+
+    #[test]
+    fn tls_settings_must_agree_with_the_urls() {
+        let ca = Some(PathBuf::from("/etc/idem/redis-ca.pem"));
+        let plain_with_ca = RedisConfig {
+            tls: RedisTls {
+                ca_file: ca.clone(),
+                ..RedisTls::default()
+            },
+            ..RedisConfig::standalone("redis://127.0.0.1:1")
+        };
+        assert_eq!(plain_with_ca.validate(), Err(ConfigError::TlsFilesWithoutRediss));
+        let tls_with_ca = RedisConfig {
+            urls: vec!["rediss://127.0.0.1:1".into()],
+            ..plain_with_ca
+        };
+        assert_eq!(tls_with_ca.validate(), Ok(()));
+        assert!(tls_with_ca.uses_tls());
+        let mixed = RedisConfig::cluster(["rediss://127.0.0.1:1", "redis://127.0.0.1:2"]);
+        assert_eq!(mixed.validate(), Err(ConfigError::MixedSchemes));
+        let half_client = RedisConfig {
+            tls: RedisTls {
+                ca_file: ca,
+                client_cert_file: Some(PathBuf::from("/etc/idem/client.pem")),
+                client_key_file: None,
+            },
+            ..tls_with_ca.clone()
+        };
+        assert_eq!(half_client.validate(), Err(ConfigError::ClientCertificateWithoutKey));
+        let insecure = RedisConfig::standalone("rediss://127.0.0.1:1/#insecure");
+        assert_eq!(insecure.validate(), Err(ConfigError::InsecureTls));
     }
 
     #[test]

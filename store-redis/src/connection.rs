@@ -4,6 +4,7 @@
 //! cheap to clone.
 
 use crate::config::RedisConfig;
+use redis::TlsCertificates;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
@@ -31,11 +32,13 @@ pub(crate) enum Connection {
 }
 
 impl Connection {
-    pub async fn open(config: &RedisConfig) -> RedisResult<Self> {
+    /// Connects to the deployment `config` names; with `certificates`
+    /// (`rediss://` URLs), over TLS that trusts and presents them.
+    pub async fn open(config: &RedisConfig, certificates: Option<TlsCertificates>) -> RedisResult<Self> {
         if config.cluster {
-            open_cluster(config).await.map(Connection::Cluster)
+            open_cluster(config, certificates).await.map(Connection::Cluster)
         } else {
-            open_standalone(config).await
+            open_standalone(config, certificates).await
         }
     }
 
@@ -88,9 +91,12 @@ fn per_node(answers: Value) -> Vec<(String, RedisResult<Value>)> {
         .collect()
 }
 
-async fn open_standalone(config: &RedisConfig) -> RedisResult<Connection> {
+async fn open_standalone(config: &RedisConfig, certificates: Option<TlsCertificates>) -> RedisResult<Connection> {
     let url = config.urls.first().map(String::as_str).unwrap_or_default();
-    let client = redis::Client::open(url)?;
+    let client = match certificates {
+        Some(certificates) => redis::Client::build_with_tls(url, certificates)?,
+        None => redis::Client::open(url)?,
+    };
     // The address without any password the URL may carry.
     let address = client.get_connection_info().addr().to_string();
     let manager_config = ConnectionManagerConfig::new()
@@ -103,8 +109,12 @@ async fn open_standalone(config: &RedisConfig) -> RedisResult<Connection> {
     Ok(Connection::Standalone(manager, address))
 }
 
-async fn open_cluster(config: &RedisConfig) -> RedisResult<ClusterConnection> {
-    let client = ClusterClientBuilder::new(config.urls.iter().map(String::as_str))
+async fn open_cluster(config: &RedisConfig, certificates: Option<TlsCertificates>) -> RedisResult<ClusterConnection> {
+    let mut builder = ClusterClientBuilder::new(config.urls.iter().map(String::as_str));
+    if let Some(certificates) = certificates {
+        builder = builder.certs(certificates);
+    }
+    let client = builder
         .response_timeout(config.response_timeout())
         .overall_response_timeout(Some(config.response_timeout()))
         .connection_timeout(config.connection_timeout())

@@ -25,14 +25,16 @@ mod record;
 mod reply;
 pub mod scripts;
 mod store;
+mod tls;
 
 #[cfg(feature = "testkit")]
 pub mod testkit;
 
 pub use checks::{NodeFacts, ServerRefusal, ServerReport, ServerWarning};
-pub use config::{ConfigError, RedisConfig, WaitConfig};
+pub use config::{ConfigError, RedisConfig, RedisTls, TLS_SCHEME, WaitConfig};
 pub use connection::{CLUSTER_RETRIES_MAX, RECONNECT_DELAY_MS_MAX, RECONNECT_DELAY_MS_MIN, RECONNECT_RETRIES_MAX};
 pub use errors::CORRUPT_RECORD_CODE;
 pub use keys::RecordKeys;
 pub use record::RESPONSE_FORMAT_VERSION;
 pub use store::{FORGET_READS_MAX, RedisStore};
+pub use tls::{TLS_ERROR_PREFIX, TLS_FILE_BYTES_MAX};

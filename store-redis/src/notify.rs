@@ -26,7 +26,7 @@ use crate::config::RedisConfig;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
-use redis::{ProtocolVersion, PushInfo, PushKind, RedisResult, Value};
+use redis::{ProtocolVersion, PushInfo, PushKind, RedisResult, TlsCertificates, Value};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 use store_core::{ChangeNotifier, ChangeSource, RecordId, WatchGuard};
@@ -61,15 +61,18 @@ enum Subscription {
 /// The subscriber of one store instance.
 pub(crate) struct ChangeSubscriber {
     config: RedisConfig,
+    /// The store's own, so the subscriber connects over TLS as it does.
+    certificates: Option<TlsCertificates>,
     prefix: String,
     running: Mutex<Option<(mpsc::UnboundedSender<Subscription>, JoinHandle<()>)>>,
 }
 
 impl ChangeSubscriber {
-    pub(crate) fn new(config: RedisConfig) -> Self {
+    pub(crate) fn new(config: RedisConfig, certificates: Option<TlsCertificates>) -> Self {
         Self {
             prefix: config.key_prefix.clone(),
             config,
+            certificates,
             running: Mutex::new(None),
         }
     }
@@ -85,7 +88,12 @@ impl ChangeSubscriber {
         }
         let runtime = tokio::runtime::Handle::try_current().ok()?;
         let (inbox, requests) = mpsc::unbounded_channel();
-        let task = runtime.spawn(subscribe_while_alive(self.config.clone(), requests, notifier.clone()));
+        let task = runtime.spawn(subscribe_while_alive(
+            self.config.clone(),
+            self.certificates.clone(),
+            requests,
+            notifier.clone(),
+        ));
         *running = Some((inbox.clone(), task));
         Some(inbox)
     }
@@ -121,9 +129,17 @@ enum Subscriber {
 }
 
 impl Subscriber {
-    async fn open(config: &RedisConfig, pushes: mpsc::UnboundedSender<PushInfo>) -> RedisResult<Self> {
+    async fn open(
+        config: &RedisConfig,
+        certificates: Option<TlsCertificates>,
+        pushes: mpsc::UnboundedSender<PushInfo>,
+    ) -> RedisResult<Self> {
         if config.cluster {
-            let client = ClusterClientBuilder::new(config.urls.iter().map(String::as_str))
+            let mut builder = ClusterClientBuilder::new(config.urls.iter().map(String::as_str));
+            if let Some(certificates) = certificates {
+                builder = builder.certs(certificates);
+            }
+            let client = builder
                 .use_protocol(ProtocolVersion::RESP3)
                 .push_sender(pushes)
                 .connection_timeout(config.connection_timeout())
@@ -135,7 +151,11 @@ impl Subscriber {
         let client = redis::Client::open(url)?;
         let info = client.get_connection_info().clone();
         let settings = info.redis_settings().clone().set_protocol(ProtocolVersion::RESP3);
-        let client = redis::Client::open(info.set_redis_settings(settings))?;
+        let info = info.set_redis_settings(settings);
+        let client = match certificates {
+            Some(certificates) => redis::Client::build_with_tls(info, certificates)?,
+            None => redis::Client::open(info)?,
+        };
         let manager_config = ConnectionManagerConfig::new()
             .set_push_sender(pushes)
             .set_automatic_resubscription()
@@ -165,13 +185,14 @@ impl Subscriber {
 /// the hub's requests and hands on the pushes until the store is gone.
 async fn subscribe_while_alive(
     config: RedisConfig,
+    certificates: Option<TlsCertificates>,
     mut requests: mpsc::UnboundedReceiver<Subscription>,
     notifier: ChangeNotifier,
 ) {
     let (push_sender, mut pushes) = mpsc::unbounded_channel();
     let mut failures: u32 = 0;
     let mut subscriber = loop {
-        match Subscriber::open(&config, push_sender.clone()).await {
+        match Subscriber::open(&config, certificates.clone(), push_sender.clone()).await {
             Ok(subscriber) => break subscriber,
             Err(error) => {
                 failures = failures.saturating_add(1);

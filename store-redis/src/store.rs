@@ -9,6 +9,7 @@ use crate::notify::{ChangeSubscriber, publish_mode};
 use crate::record::{encode_response, fingerprint_hex, record_from_fields, token_hex};
 use crate::reply::{ForgetReply, claim_outcome, fenced_outcome, forget_reply};
 use crate::scripts::Scripts;
+use crate::tls::{handshake_failure, handshake_refusal, tls_certificates};
 use async_trait::async_trait;
 use redis::{Script, Value};
 use std::collections::HashMap;
@@ -72,12 +73,17 @@ impl RedisStore {
         config
             .validate()
             .map_err(|error| StoreError::refused(format!("redis configuration: {error}"), error))?;
-        let mut connection = Connection::open(&config)
-            .await
-            .map_err(|error| store_error("connect", error))?;
+        let certificates = tls_certificates(&config)?;
+        let mut connection =
+            Connection::open(&config, certificates.clone())
+                .await
+                .map_err(|error| match handshake_failure(&error) {
+                    Some(cause) if config.uses_tls() => handshake_refusal(&config, &cause),
+                    _ => store_error("connect", error),
+                })?;
         let report = check_server(&mut connection, config.accept_eviction).await?;
         let publish_mode = publish_mode(config.cluster);
-        let changes = ChangeHub::with_source(Arc::new(ChangeSubscriber::new(config.clone())));
+        let changes = ChangeHub::with_source(Arc::new(ChangeSubscriber::new(config.clone(), certificates)));
         Ok(Self {
             connection,
             scripts: Scripts::new(),

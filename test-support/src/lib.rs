@@ -1,4 +1,5 @@
-//! What idem's test harnesses and the bench share.
+//! What idem's test harnesses and the bench share: free loopback ports, and
+//! (feature `tls`) test certificates ([`tls::TestCertificates`]).
 //!
 //! A server a test starts (redis-server, PostgreSQL, fdbserver, the Label
 //! service as a child process) is told its port before it binds it. The
@@ -9,6 +10,9 @@
 //! connection the machine opens in between.
 
 use std::net::TcpListener;
+
+#[cfg(feature = "tls")]
+pub mod tls;
 
 /// Lowest port handed out: above the well-known and most registered
 /// services' ports.

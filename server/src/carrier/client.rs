@@ -77,14 +77,20 @@ pub struct CarrierClient {
 }
 
 impl CarrierClient {
-    /// `base_url` like `http://127.0.0.1:9090`; `timeout` bounds each call
-    /// from connect to the last byte of the answer.
-    pub fn new(base_url: &str, timeout: Duration) -> Result<Self, String> {
-        let http = reqwest::Client::builder()
+    /// `base_url` like `http://127.0.0.1:9090` or `https://...`; `timeout`
+    /// bounds each call from connect to the last byte of the answer. An
+    /// `https://` carrier is verified against `roots` alone when any are
+    /// given (`carrier.ca_file`), else against the operating system's trust
+    /// store (rustls-platform-verifier: the roots operators already manage).
+    pub fn new(base_url: &str, timeout: Duration, roots: Vec<reqwest::Certificate>) -> Result<Self, String> {
+        let mut builder = reqwest::Client::builder()
             .timeout(timeout)
             .redirect(reqwest::redirect::Policy::none())
-            .build()
-            .map_err(|error| format!("carrier client: {error}"))?;
+            .https_only(base_url.starts_with("https://"));
+        if !roots.is_empty() {
+            builder = builder.tls_certs_only(roots);
+        }
+        let http = builder.build().map_err(|error| format!("carrier client: {error}"))?;
         Ok(Self {
             http,
             labels_url: format!("{}{CARRIER_LABELS_PATH}", base_url.trim_end_matches('/')),

@@ -43,7 +43,7 @@ async fn script(carrier: &CarrierServer, steps: &[ScriptStep]) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_carrier_answer_is_sorted_into_purchased_rejected_or_indeterminate() {
     let carrier = simulator().await;
-    let client = CarrierClient::new(&carrier.base_url(), Duration::from_millis(500)).unwrap();
+    let client = CarrierClient::new(&carrier.base_url(), Duration::from_millis(500), Vec::new()).unwrap();
     let order = order_id();
 
     let bought = client.buy("carrier:t:1", &request(order, 1_000)).await;

@@ -86,7 +86,7 @@ fn request() -> CarrierLabelRequest {
 }
 
 async fn buy(base: &str) -> CarrierOutcome {
-    let client = CarrierClient::new(base, Duration::from_secs(5)).unwrap();
+    let client = CarrierClient::new(base, Duration::from_secs(5), Vec::new()).unwrap();
     client.buy("carrier:t:trust", &request()).await
 }
 

@@ -38,6 +38,8 @@ pub struct Options {
     /// 0 in tests unless a test says, so that stopping a server is quick.
     pub shutdown_readiness_delay_ms: u64,
     pub extra_env: Vec<(String, String)>,
+    /// The CA the test client trusts, for a server with `[server.tls]`.
+    pub client_ca_file: Option<std::path::PathBuf>,
 }
 
 impl Default for Options {
@@ -51,6 +53,7 @@ impl Default for Options {
             shutdown_grace_ms: 5_000,
             shutdown_readiness_delay_ms: 0,
             extra_env: Vec::new(),
+            client_ca_file: None,
         }
     }
 }
@@ -177,7 +180,10 @@ impl TestServer {
             base: running.base_url(),
             carrier,
             running: Some(running),
-            client: client(),
+            client: match &options.client_ca_file {
+                Some(ca_file) => client_trusting(ca_file),
+                None => client(),
+            },
             _data: data,
             _guard: guard,
         }
@@ -255,6 +261,17 @@ impl TestServer {
 pub fn client() -> reqwest::Client {
     reqwest::Client::builder()
         .timeout(Duration::from_secs(30))
+        .build()
+        .expect("client")
+}
+
+/// A client that trusts only the CA in `ca_file` (PEM), for HTTPS servers.
+pub fn client_trusting(ca_file: &std::path::Path) -> reqwest::Client {
+    let pem = std::fs::read(ca_file).expect("read the CA file");
+    let certificates = reqwest::Certificate::from_pem_bundle(&pem).expect("a PEM CA");
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .tls_certs_only(certificates)
         .build()
         .expect("client")
 }

@@ -23,6 +23,7 @@ mod schemathesis;
 mod secrets;
 mod shutdown;
 mod slow_clients;
+mod tls;
 
 /// One `#[tokio::test]` per case per backend.
 macro_rules! backend_suite {

@@ -333,7 +333,11 @@ pub async fn waiter_caps_refuse_at_once_and_a_dropped_waiter_frees_its_place(sto
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let mut again = hub(waiting).subscribe(&caller, &request_a.key).expect("a freed place");
-    assert_eq!(again.changed(later(50)).await, Woken::DeadlinePassed);
+    // A notification may still come: a backend's subscription confirmation
+    // wakes a record's waiters (a wake only means "read again"), and over
+    // a slower connection (TLS) it can arrive this late.
+    let woken = again.changed(later(50)).await;
+    assert!(matches!(woken, Woken::DeadlinePassed | Woken::Notified), "{woken:?}");
     drop(again);
     for waiter in on_a.into_iter().chain(on_b) {
         waiter.abort();

@@ -1,7 +1,7 @@
 //! A real Redis Cluster: three masters on loopback, no replicas.
 
 use super::HarnessError;
-use super::server::{REDIS_CLI_PROGRAM, RedisServer, free_port};
+use super::server::{REDIS_CLI_PROGRAM, RedisServer, TlsSetup, free_port};
 use crate::config::RedisConfig;
 use std::process::Command;
 use std::thread::sleep;
@@ -19,6 +19,7 @@ const NODE_TIMEOUT_MS: &str = "5000";
 /// Three redis-server nodes joined into one cluster; all are killed on drop.
 pub struct RedisCluster {
     nodes: Vec<RedisServer>,
+    tls: Option<TlsSetup>,
 }
 
 impl RedisCluster {
@@ -26,10 +27,20 @@ impl RedisCluster {
     /// `redis-cli --cluster create ... --cluster-replicas 0 --cluster-yes`
     /// and waits until every node reports `cluster_state:ok`.
     pub fn start() -> Result<Self, HarnessError> {
+        Self::start_with(None)
+    }
+
+    /// As [`RedisCluster::start`], every node speaking TLS only, the cluster
+    /// bus too (`--tls-cluster yes`), so the slot map hands out TLS ports.
+    pub fn start_tls(tls: TlsSetup) -> Result<Self, HarnessError> {
+        Self::start_with(Some(tls))
+    }
+
+    fn start_with(tls: Option<TlsSetup>) -> Result<Self, HarnessError> {
         let nodes = (0..CLUSTER_MASTERS)
-            .map(|_| start_node())
+            .map(|_| start_node(tls.clone()))
             .collect::<Result<Vec<_>, _>>()?;
-        let cluster = Self { nodes };
+        let cluster = Self { nodes, tls };
         cluster.create()?;
         cluster.wait_until_ready()?;
         Ok(cluster)
@@ -39,14 +50,17 @@ impl RedisCluster {
         &self.nodes
     }
 
-    /// `redis://127.0.0.1:PORT` of every node.
+    /// `redis://127.0.0.1:PORT` (`rediss://` over TLS) of every node.
     pub fn urls(&self) -> Vec<String> {
         self.nodes.iter().map(RedisServer::url).collect()
     }
 
     /// A store configuration for this cluster, every other setting at its default.
     pub fn config(&self) -> RedisConfig {
-        RedisConfig::cluster(self.urls())
+        RedisConfig {
+            tls: self.tls.as_ref().map(TlsSetup::store_tls).unwrap_or_default(),
+            ..RedisConfig::cluster(self.urls())
+        }
     }
 
     fn create(&self) -> Result<(), HarnessError> {
@@ -55,7 +69,9 @@ impl RedisCluster {
             .iter()
             .map(|node| format!("127.0.0.1:{}", node.port()))
             .collect();
+        let tls_args = self.tls.as_ref().map(TlsSetup::cli_args).unwrap_or_default();
         let output = Command::new(REDIS_CLI_PROGRAM)
+            .args(&tls_args)
             .args(["--cluster", "create"])
             .args(&addresses)
             .args(["--cluster-replicas", "0", "--cluster-yes"])
@@ -100,9 +116,9 @@ impl RedisCluster {
 
 /// One cluster-enabled node; its cluster bus gets its own free port, since
 /// the default (port + 10000) may be taken or out of range.
-fn start_node() -> Result<RedisServer, HarnessError> {
+fn start_node(tls: Option<TlsSetup>) -> Result<RedisServer, HarnessError> {
     let bus_port = free_port()?.to_string();
-    RedisServer::start_with_args(&[
+    let mut args = vec![
         "--cluster-enabled",
         "yes",
         "--cluster-config-file",
@@ -111,5 +127,9 @@ fn start_node() -> Result<RedisServer, HarnessError> {
         &bus_port,
         "--cluster-node-timeout",
         NODE_TIMEOUT_MS,
-    ])
+    ];
+    if tls.is_some() {
+        args.extend(["--tls-cluster", "yes"]);
+    }
+    RedisServer::start_with(&args, tls)
 }

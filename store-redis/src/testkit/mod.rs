@@ -7,6 +7,9 @@
 //! - [`RedisServer`]: one standalone server, with extra arguments, restart on
 //!   the same port, kill, pause and resume.
 //! - [`RedisCluster`]: three masters joined by `redis-cli --cluster create`.
+//! - Either over TLS only ([`RedisServer::start_tls`],
+//!   [`RedisCluster::start_tls`]) with certificates the test generates
+//!   ([`TlsSetup`]): `rediss://` URLs, `--tls-cluster yes` for a cluster.
 //! - [`shared_server`] / [`shared_cluster`]: one server (or cluster) shared by
 //!   the tests of a binary that overlap in time, stopped when the last one
 //!   lets go; [`StoreWithServer`] ties a store to the server it needs, for
@@ -17,8 +20,8 @@ mod server;
 mod shared;
 
 pub use cluster::{CLUSTER_MASTERS, CLUSTER_READY_MS_MAX, RedisCluster};
-pub use server::{REDIS_CLI_PROGRAM, REDIS_SERVER_PROGRAM, RedisServer, STARTUP_MS_MAX};
-pub use shared::{StoreWithServer, shared_cluster, shared_server};
+pub use server::{ClientAuth, REDIS_CLI_PROGRAM, REDIS_SERVER_PROGRAM, RedisServer, STARTUP_MS_MAX, TlsSetup};
+pub use shared::{StoreWithServer, shared_cluster, shared_server, shared_tls_cluster, shared_tls_server};
 
 use std::io;
 

@@ -1,13 +1,110 @@
 //! One real redis-server on a free loopback port in a temporary directory.
 
 use super::HarnessError;
-use crate::config::RedisConfig;
+use crate::config::{RedisConfig, RedisTls};
 use std::fs;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 use tempfile::TempDir;
+use test_support::tls::TestCertificates;
+
+/// Whether a TLS server asks clients for a certificate (`--tls-auth-clients`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientAuth {
+    /// A client may connect without a certificate.
+    Optional,
+    /// A client without a certificate signed by the test CA is refused.
+    Required,
+}
+
+/// A TLS setup for test servers: certificates generated for the test (a
+/// CA, a server certificate for 127.0.0.1, a client certificate) in a
+/// directory that lives as long as any server using it.
+#[derive(Debug, Clone)]
+pub struct TlsSetup {
+    pub certificates: TestCertificates,
+    pub client_auth: ClientAuth,
+    _directory: Arc<TempDir>,
+}
+
+impl TlsSetup {
+    /// Generates fresh certificates in a temporary directory.
+    pub fn generate(client_auth: ClientAuth) -> Result<Self, HarnessError> {
+        let directory = tempfile::Builder::new().prefix("idem-redis-tls-").tempdir()?;
+        let certificates = TestCertificates::generate(directory.path())?;
+        Ok(Self {
+            certificates,
+            client_auth,
+            _directory: Arc::new(directory),
+        })
+    }
+
+    /// The redis-server arguments that serve TLS on `port` and no plain TCP.
+    fn server_args(&self, port: u16) -> Vec<String> {
+        let certificates = &self.certificates;
+        let auth = match self.client_auth {
+            ClientAuth::Optional => "optional",
+            ClientAuth::Required => "yes",
+        };
+        [
+            "--port",
+            "0",
+            "--tls-port",
+            &port.to_string(),
+            "--tls-cert-file",
+            &certificates.server_cert_file.to_string_lossy(),
+            "--tls-key-file",
+            &certificates.server_key_file.to_string_lossy(),
+            "--tls-ca-cert-file",
+            &certificates.ca_file.to_string_lossy(),
+            "--tls-auth-clients",
+            auth,
+        ]
+        .iter()
+        .map(|arg| (*arg).to_owned())
+        .collect()
+    }
+
+    /// The store's TLS settings: the test CA, and the client certificate
+    /// when the server requires one.
+    pub fn store_tls(&self) -> RedisTls {
+        let client = self.client_auth == ClientAuth::Required;
+        RedisTls {
+            ca_file: Some(self.certificates.ca_file.clone()),
+            client_cert_file: client.then(|| self.certificates.client_cert_file.clone()),
+            client_key_file: client.then(|| self.certificates.client_key_file.clone()),
+        }
+    }
+
+    /// What the harness's own connections present: the CA and, always, the
+    /// client certificate (a server that does not ask ignores it).
+    fn harness_certificates(&self) -> Result<redis::TlsCertificates, std::io::Error> {
+        Ok(redis::TlsCertificates {
+            client_tls: Some(redis::ClientTlsConfig {
+                client_cert: fs::read(&self.certificates.client_cert_file)?,
+                client_key: fs::read(&self.certificates.client_key_file)?,
+            }),
+            root_cert: Some(fs::read(&self.certificates.ca_file)?),
+        })
+    }
+
+    /// `redis-cli` arguments for a TLS connection with the harness's certificates.
+    pub(crate) fn cli_args(&self) -> Vec<String> {
+        let certificates = &self.certificates;
+        vec![
+            "--tls".to_owned(),
+            "--cacert".to_owned(),
+            certificates.ca_file.to_string_lossy().into_owned(),
+            "--cert".to_owned(),
+            certificates.client_cert_file.to_string_lossy().into_owned(),
+            "--key".to_owned(),
+            certificates.client_key_file.to_string_lossy().into_owned(),
+        ]
+    }
+}
 
 /// The server binary, looked up on PATH (Debian's `redis-server` package).
 pub const REDIS_SERVER_PROGRAM: &str = "redis-server";
@@ -28,6 +125,7 @@ pub struct RedisServer {
     child: Option<Child>,
     port: u16,
     extra_args: Vec<String>,
+    tls: Option<TlsSetup>,
     dir: TempDir,
 }
 
@@ -41,6 +139,17 @@ impl RedisServer {
     /// defaults: e.g. `["--maxmemory", "4mb", "--maxmemory-policy", "allkeys-lru"]`
     /// or `["--appendonly", "yes"]`.
     pub fn start_with_args<S: AsRef<str>>(extra_args: &[S]) -> Result<Self, HarnessError> {
+        Self::start_with(extra_args, None)
+    }
+
+    /// A server that speaks TLS only (`--port 0 --tls-port P`), with the
+    /// certificates of `tls`; its [`RedisServer::url`] is `rediss://`.
+    pub fn start_tls(tls: TlsSetup) -> Result<Self, HarnessError> {
+        Self::start_with::<&str>(&[], Some(tls))
+    }
+
+    /// As [`RedisServer::start_with_args`], over TLS when `tls` is given.
+    pub fn start_with<S: AsRef<str>>(extra_args: &[S], tls: Option<TlsSetup>) -> Result<Self, HarnessError> {
         let extra_args: Vec<String> = extra_args.iter().map(|arg| arg.as_ref().to_owned()).collect();
         let mut last_error = None;
         for _ in 0..START_ATTEMPTS_MAX {
@@ -48,6 +157,7 @@ impl RedisServer {
                 child: None,
                 port: free_port()?,
                 extra_args: extra_args.clone(),
+                tls: tls.clone(),
                 dir: tempfile::Builder::new().prefix("idem-redis-").tempdir()?,
             };
             match server.spawn_and_wait() {
@@ -63,9 +173,15 @@ impl RedisServer {
         self.port
     }
 
-    /// `redis://127.0.0.1:PORT`.
+    /// `redis://127.0.0.1:PORT`, or `rediss://` for a TLS server.
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        let scheme = if self.tls.is_some() { "rediss" } else { "redis" };
+        format!("{scheme}://127.0.0.1:{}", self.port)
+    }
+
+    /// The TLS setup of a TLS server.
+    pub fn tls(&self) -> Option<&TlsSetup> {
+        self.tls.as_ref()
     }
 
     /// The server's working directory, kept across restarts.
@@ -73,9 +189,14 @@ impl RedisServer {
         self.dir.path()
     }
 
-    /// A store configuration for this server, every other setting at its default.
+    /// A store configuration for this server (trusting the test CA, with
+    /// the client certificate if the server requires one), every other
+    /// setting at its default.
     pub fn config(&self) -> RedisConfig {
-        RedisConfig::standalone(self.url())
+        RedisConfig {
+            tls: self.tls.as_ref().map(TlsSetup::store_tls).unwrap_or_default(),
+            ..RedisConfig::standalone(self.url())
+        }
     }
 
     /// The process id while the server runs.
@@ -111,7 +232,10 @@ impl RedisServer {
     /// Runs one command on a fresh blocking connection, for test setup and
     /// for looking behind the store's back.
     pub fn query<T: redis::FromRedisValue>(&self, args: &[&str]) -> redis::RedisResult<T> {
-        let client = redis::Client::open(self.url())?;
+        let client = match &self.tls {
+            Some(tls) => redis::Client::build_with_tls(self.url(), tls.harness_certificates()?)?,
+            None => redis::Client::open(self.url())?,
+        };
         let mut connection = client.get_connection_with_timeout(Duration::from_millis(STARTUP_MS_MAX))?;
         let mut command = redis::cmd(args.first().copied().unwrap_or("PING"));
         for arg in args.iter().skip(1) {
@@ -144,15 +268,13 @@ impl RedisServer {
     fn spawn_and_wait(&mut self) -> Result<(), HarnessError> {
         let dir = self.dir.path().to_string_lossy().into_owned();
         let log = self.dir.path().join("redis.log");
+        let port_args = match &self.tls {
+            Some(tls) => tls.server_args(self.port),
+            None => vec!["--port".to_owned(), self.port.to_string()],
+        };
         let child = Command::new(REDIS_SERVER_PROGRAM)
-            .args([
-                "--port",
-                &self.port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--daemonize",
-                "no",
-            ])
+            .args(&port_args)
+            .args(["--bind", "127.0.0.1", "--daemonize", "no"])
             .args(["--save", "", "--appendonly", "no", "--dir", &dir])
             .args(["--logfile", &log.to_string_lossy()])
             .args(&self.extra_args)

@@ -6,7 +6,7 @@
 //! tests hold the strong ones (through [`StoreWithServer`]), and when the last
 //! test using a server ends, the server is killed; a later test starts a new one.
 
-use super::{HarnessError, RedisCluster, RedisServer};
+use super::{ClientAuth, HarnessError, RedisCluster, RedisServer, TlsSetup};
 use crate::RedisStore;
 use async_trait::async_trait;
 use std::sync::{Arc, Mutex, Weak};
@@ -17,6 +17,8 @@ use store_core::{
 
 static SHARED_SERVER: Mutex<Weak<RedisServer>> = Mutex::new(Weak::new());
 static SHARED_CLUSTER: Mutex<Weak<RedisCluster>> = Mutex::new(Weak::new());
+static SHARED_TLS_SERVER: Mutex<Weak<RedisServer>> = Mutex::new(Weak::new());
+static SHARED_TLS_CLUSTER: Mutex<Weak<RedisCluster>> = Mutex::new(Weak::new());
 
 /// The standalone server the running tests share, started if none runs.
 pub fn shared_server() -> Result<Arc<RedisServer>, HarnessError> {
@@ -26,6 +28,21 @@ pub fn shared_server() -> Result<Arc<RedisServer>, HarnessError> {
 /// The cluster the running tests share, started if none runs.
 pub fn shared_cluster() -> Result<Arc<RedisCluster>, HarnessError> {
     shared(&SHARED_CLUSTER, RedisCluster::start)
+}
+
+/// A shared standalone server that speaks TLS only and requires a client
+/// certificate (mutual TLS), started if none runs.
+pub fn shared_tls_server() -> Result<Arc<RedisServer>, HarnessError> {
+    shared(&SHARED_TLS_SERVER, || {
+        RedisServer::start_tls(TlsSetup::generate(ClientAuth::Required)?)
+    })
+}
+
+/// A shared cluster that speaks TLS only (clients and cluster bus), started if none runs.
+pub fn shared_tls_cluster() -> Result<Arc<RedisCluster>, HarnessError> {
+    shared(&SHARED_TLS_CLUSTER, || {
+        RedisCluster::start_tls(TlsSetup::generate(ClientAuth::Optional)?)
+    })
 }
 
 fn shared<T>(slot: &Mutex<Weak<T>>, start: fn() -> Result<T, HarnessError>) -> Result<Arc<T>, HarnessError> {

@@ -84,8 +84,12 @@ impl Service {
         let carrier = CarrierServer::start(&options.simulator, listener().await)
             .await
             .expect("carrier simulator");
-        let client = CarrierClient::new(&carrier.base_url(), Duration::from_millis(options.carrier_timeout_ms))
-            .expect("carrier client");
+        let client = CarrierClient::new(
+            &carrier.base_url(),
+            Duration::from_millis(options.carrier_timeout_ms),
+            Vec::new(),
+        )
+        .expect("carrier client");
         let state = AppState {
             idempotency: idempotency::configure(records.clone(), TaskTracker::new(), 1),
             labels: labels.clone(),
