@@ -1,10 +1,12 @@
 //! idem's store API: the types, the pure per-key state machine, the record
-//! codec and (behind the `testkit` feature) the conformance suite that every
-//! backend passes.
+//! and saved-response codecs, atomic completion ([`AtomicCompletion`]) and
+//! (behind the `testkit` feature) the conformance suites that every backend
+//! passes.
 //!
 //! This crate does no I/O and knows no backend: backends bring the clock, the
 //! transactions and the bytes on disk.
 
+pub mod atomic;
 pub mod codec;
 pub mod fingerprint;
 pub mod machine;
@@ -15,7 +17,10 @@ pub mod types;
 #[cfg(feature = "testkit")]
 pub mod testkit;
 
-pub use codec::{CodecError, decode_record, encode_record};
+pub use atomic::{
+    AtomicCompletion, CompleteWithError, CompleteWithFuture, Completion, EffectFuture, EffectScope,
+};
+pub use codec::{CodecError, decode_record, decode_response, encode_record, encode_response};
 pub use outcome::{Acquired, ClaimOutcome, ClaimRequest, Fenced, HeldLease, PurgeReport};
 pub use store::{BoxError, IdempotencyStore, PURGE_BATCH_MAX, StoreError};
 pub use types::*;

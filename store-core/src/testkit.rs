@@ -430,4 +430,5 @@ macro_rules! conformance_tests {
     };
 }
 
+pub mod atomic;
 pub mod model;

@@ -12,10 +12,8 @@
 use crate::engine::{Engine, EngineError, MaybeCommitted, RunOptions, Transaction, TxError};
 use crate::keys::{KIND_RECORD, KIND_TOMBSTONE, KeyLayout, RECORD_CHUNK_BYTES_MAX, RECORD_CHUNKS_MAX, Slot};
 use async_trait::async_trait;
-use futures::future::BoxFuture;
-use std::future::Future;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-use store_core::machine::{self, CompletionFence, Found, Step, Write};
+use store_core::machine::{self, Found, Step, Write};
 use store_core::{
     CallerId, ClaimOutcome, ClaimRequest, Fenced, HeldLease, IdempotencyKey, IdempotencyStore, KeyDigest,
     PURGE_BATCH_MAX, Policy, PurgeReport, Record, RecoveryPoint, SavedResponse, StoreError, decode_record,
@@ -83,14 +81,14 @@ pub struct FdbStore<E: Engine> {
 }
 
 /// What a transaction found under a slot.
-struct Existing {
+pub(crate) struct Existing {
     record: Option<Record>,
     /// Expiry of a live tombstone, when there is no record.
     tombstone_expires_at_ms: Option<u64>,
 }
 
 impl Existing {
-    fn found(&self) -> Found<'_> {
+    pub(crate) fn found(&self) -> Found<'_> {
         match (&self.record, self.tombstone_expires_at_ms) {
             (Some(record), _) => Found::Record(record),
             (None, Some(_)) => Found::Tombstone,
@@ -127,52 +125,9 @@ impl<E: Engine> FdbStore<E> {
         &self.policy
     }
 
-    /// Runs an effect and the completion of its record in one transaction,
-    /// only while `lease` still holds: the handler-level API for work whose
-    /// rows must commit with the key (docs/design.md#transaction-2).
-    ///
-    /// The fence is checked before the effect runs, so an attempt that lost
-    /// its lease runs nothing. The effect writes its rows (under
-    /// [`KeyLayout::effects`]) and returns the response to save. The call
-    /// returns the saved response: this run's, or, when an earlier try of
-    /// this same call committed with an unknown result, that try's, without
-    /// running the effect again.
-    ///
-    /// The future is boxed so that it is `Send` by construction: callers
-    /// spawn it on multi-threaded runtimes, and the compiler cannot always
-    /// prove `Send` through the nested closures at the spawn site.
-    pub fn complete_with<'a, F, Fut>(
-        &'a self,
-        lease: &'a HeldLease,
-        effect: F,
-    ) -> BoxFuture<'a, Result<Fenced<SavedResponse>, StoreError>>
-    where
-        F: Fn(E::Tx) -> Fut + Send + Sync + 'a,
-        Fut: Future<Output = Result<SavedResponse, TxError>> + Send + 'a,
-    {
-        Box::pin(async move {
-            let slot = &self.layout.slot(&lease.caller, lease.key.digest());
-            let effect = &effect;
-            self.engine
-                .run(self.run_options, |tx, _maybe_committed: MaybeCommitted| async move {
-                    let now = now_ms();
-                    let existing = self.read_existing(&tx, slot, now).await?;
-                    match machine::completion_fence(existing.found(), lease.token, now) {
-                        CompletionFence::CompletedByThisToken(saved) => return Ok(Fenced::Applied(saved.clone())),
-                        CompletionFence::Lost => return Ok(Fenced::LeaseLost),
-                        CompletionFence::Held => {}
-                    }
-                    let response = effect(tx.clone()).await?;
-                    let step = machine::complete(existing.found(), lease.token, response.clone(), now, &self.policy);
-                    assert!(
-                        step.outcome.is_applied(),
-                        "the fence held, so the completion must apply"
-                    );
-                    self.apply(&tx, slot, &existing, step.write).await?;
-                    Ok(Fenced::Applied(response))
-                })
-                .await
-        })
+    /// The retry options of every transaction of this store.
+    pub(crate) fn run_options(&self) -> RunOptions {
+        self.run_options
     }
 
     /// One transition of one key, in one transaction.
@@ -194,7 +149,7 @@ impl<E: Engine> FdbStore<E> {
             .await
     }
 
-    async fn read_existing(&self, tx: &E::Tx, slot: &Slot, now: u64) -> Result<Existing, TxError> {
+    pub(crate) async fn read_existing(&self, tx: &E::Tx, slot: &Slot, now: u64) -> Result<Existing, TxError> {
         let record = read_record(tx, slot).await?;
         let tombstone_expires_at_ms = match record {
             Some(_) => None,
@@ -206,7 +161,7 @@ impl<E: Engine> FdbStore<E> {
         })
     }
 
-    async fn apply(&self, tx: &E::Tx, slot: &Slot, existing: &Existing, write: Write) -> Result<(), TxError> {
+    pub(crate) async fn apply(&self, tx: &E::Tx, slot: &Slot, existing: &Existing, write: Write) -> Result<(), TxError> {
         match write {
             Write::Nothing => Ok(()),
             // A tombstone stays while its key is claimed again: if the new

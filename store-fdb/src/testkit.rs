@@ -20,11 +20,12 @@ use crate::store::{FdbStore, PURGE_TRANSACTION_MS_MAX};
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
+use store_core::testkit::atomic::EffectHarness;
 use store_core::{
-    CallerId, ClaimOutcome, ClaimRequest, Fenced, Fingerprint, IdempotencyKey, IdempotencyStore, Policy, RecordState,
-    SavedResponse, StoreError,
+    AtomicCompletion, CallerId, ClaimOutcome, ClaimRequest, Completion, Fingerprint, IdempotencyKey, IdempotencyStore,
+    Policy, RecordState, SavedResponse, StoreError,
 };
 
 /// Lease of the purge behaviours' policy.
@@ -94,11 +95,13 @@ pub struct RunCounters {
     pub attempts_after_unknown_result: AtomicU64,
 }
 
-/// Any engine, counting what its runs do and optionally delaying every read.
+/// Any engine, counting what its runs do, optionally delaying every read
+/// and optionally failing every commit after its body ran.
 pub struct ObservedEngine<E> {
     inner: E,
     counters: Arc<RunCounters>,
     read_delay_ms: Arc<AtomicU64>,
+    fail_commits: Arc<AtomicBool>,
 }
 
 impl<E: Engine> ObservedEngine<E> {
@@ -107,7 +110,15 @@ impl<E: Engine> ObservedEngine<E> {
             inner,
             counters: Arc::default(),
             read_delay_ms: Arc::default(),
+            fail_commits: Arc::default(),
         }
+    }
+
+    /// While `fail` holds, every transaction fails after its body ran, just
+    /// before its commit, and commits nothing: a crash or an error between
+    /// a transaction's last write and its commit.
+    pub fn fail_commits(&self, fail: bool) {
+        self.fail_commits.store(fail, Ordering::SeqCst);
     }
 
     pub fn counters(&self) -> &RunCounters {
@@ -173,7 +184,7 @@ impl<E: Engine> Engine for ObservedEngine<E> {
         Fut: Future<Output = Result<T, TxError>> + Send,
     {
         self.counters.runs.fetch_add(1, Ordering::Relaxed);
-        let (counters, body) = (&self.counters, &body);
+        let (counters, body, fail_commits) = (&self.counters, &body, &self.fail_commits);
         let read_delay_ms = self.read_delay_ms.load(Ordering::Relaxed);
         self.inner
             .run(options, move |tx, maybe_committed| {
@@ -181,13 +192,23 @@ impl<E: Engine> Engine for ObservedEngine<E> {
                 if maybe_committed == MaybeCommitted::Maybe {
                     counters.attempts_after_unknown_result.fetch_add(1, Ordering::Relaxed);
                 }
-                body(
+                let body = body(
                     ObservedTx {
                         inner: tx,
                         read_delay_ms,
                     },
                     maybe_committed,
-                )
+                );
+                async move {
+                    let output = body.await?;
+                    if fail_commits.load(Ordering::SeqCst) {
+                        return Err(TxError::Abort(StoreError::Unavailable {
+                            detail: "injected: the commit failed after the transaction's body ran".to_owned(),
+                            source: None,
+                        }));
+                    }
+                    Ok(output)
+                }
             })
             .await
     }
@@ -403,10 +424,15 @@ pub async fn a_slow_purge_is_split_before_five_seconds<E: Engine>(test: TestEngi
 
 /// The effect of the audits: increments a counter in the completing
 /// transaction. A duplicated effect shows as a count above one.
-async fn count_effect<T: Transaction>(tx: T, counter_key: Vec<u8>) -> Result<SavedResponse, TxError> {
-    let current = read_count(&tx, &counter_key).await?;
-    tx.set(&counter_key, &(current + 1).to_be_bytes())?;
-    Ok(SavedResponse::new(201, vec![], counter_key).expect("small response"))
+async fn count_effect<T: Transaction>(tx: T, counter_key: &[u8]) -> Result<(SavedResponse, ()), TxError> {
+    let current = read_count(&tx, counter_key).await?;
+    tx.set(counter_key, &(current + 1).to_be_bytes())?;
+    Ok((counted(counter_key), ()))
+}
+
+/// The response [`count_effect`] saves.
+fn counted(counter_key: &[u8]) -> SavedResponse {
+    SavedResponse::new(201, vec![], counter_key.to_vec()).expect("small response")
 }
 
 async fn read_count<T: Transaction>(tx: &T, counter_key: &[u8]) -> Result<u64, TxError> {
@@ -461,29 +487,40 @@ pub async fn complete_with_runs_the_effect_once_and_never_for_a_lost_lease<E: En
     let lost = store
         .complete_with(&first.lease, |tx| {
             ran.fetch_add(1, Ordering::SeqCst);
-            count_effect(tx, lost_key.clone())
+            Box::pin(count_effect(tx.into_context(), &lost_key))
         })
         .await
         .unwrap();
-    assert_eq!(lost, Fenced::LeaseLost);
+    assert_eq!(lost, Completion::LeaseLost);
     assert_eq!(
         ran.load(Ordering::SeqCst),
         0,
         "the effect ran for a lease that was lost"
     );
     assert_eq!(effect_count(&store, 1).await, 0, "a lost lease wrote its effect");
-    for _ in 0..2 {
-        // The second call is a retry of a call that committed: it returns
-        // the saved response without running the effect again.
-        let applied = store
-            .complete_with(&second.lease, |tx| count_effect(tx, held_key.clone()))
-            .await
-            .unwrap();
-        assert_eq!(
-            applied,
-            Fenced::Applied(SavedResponse::new(201, vec![], held_key.clone()).unwrap())
-        );
-    }
+    let committed = store
+        .complete_with(&second.lease, |tx| Box::pin(count_effect(tx.into_context(), &held_key)))
+        .await
+        .unwrap();
+    assert_eq!(
+        committed,
+        Completion::Committed {
+            response: counted(&held_key),
+            value: ()
+        }
+    );
+    // A retry of a call that committed returns the saved response without
+    // running the effect again.
+    let again = store
+        .complete_with(&second.lease, |tx| Box::pin(count_effect(tx.into_context(), &held_key)))
+        .await
+        .unwrap();
+    assert_eq!(
+        again,
+        Completion::AlreadyCompleted {
+            response: counted(&held_key)
+        }
+    );
     assert_eq!(effect_count(&store, 2).await, 1, "effects of the held lease");
     let record = store.inspect(&caller, &key("k")).await.unwrap().expect("record");
     assert!(
@@ -506,11 +543,11 @@ async fn run_intent<E: Engine>(store: &FdbStore<E>, caller: &CallerId, intent: u
             Err(error) => panic!("intent {intent}: {error}"),
         };
         match store
-            .complete_with(&lease, |tx| count_effect(tx, counter_key.clone()))
+            .complete_with(&lease, |tx| Box::pin(count_effect(tx.into_context(), counter_key)))
             .await
         {
-            Ok(Fenced::Applied(_)) => return,
-            Ok(Fenced::LeaseLost) => panic!("intent {intent}: lease lost without a competitor"),
+            Ok(Completion::Committed { .. } | Completion::AlreadyCompleted { .. }) => return,
+            Ok(Completion::LeaseLost) => panic!("intent {intent}: lease lost without a competitor"),
             Err(error) if error.is_retryable() => continue,
             Err(error) => panic!("intent {intent}: {error}"),
         }
@@ -559,6 +596,69 @@ pub async fn audit_intents<E: Engine>(store: Arc<FdbStore<E>>, count: usize) {
         HashMap::from([(1, count)]),
         "effects per intent (count -> intents)"
     );
+}
+
+// ---- store-core's atomic completion behaviours -------------------------------
+
+/// store-core's [`EffectHarness`] on the FDB-style store: marker rows under
+/// the effects subspace, and completions failed by the [`ObservedEngine`]
+/// after their body ran.
+pub struct FdbEffects<E: Engine> {
+    store: FdbStore<ObservedEngine<E>>,
+}
+
+impl<E: Engine> FdbEffects<E> {
+    pub fn new(test: TestEngine<E>, policy: Policy) -> Self {
+        Self {
+            store: test.observed().store(policy),
+        }
+    }
+
+    fn marker_key(&self, name: &str) -> Vec<u8> {
+        self.store.layout().effects().pack(&("marker", name))
+    }
+}
+
+impl<E: Engine> EffectHarness for FdbEffects<E> {
+    type Store = FdbStore<ObservedEngine<E>>;
+
+    fn store(&self) -> &Self::Store {
+        &self.store
+    }
+
+    fn write_marker<'c>(
+        &'c self,
+        context: &'c ObservedTx<E::Tx>,
+        name: &'c str,
+    ) -> std::pin::Pin<Box<dyn Future<Output = Result<(), TxError>> + Send + 'c>> {
+        Box::pin(async move { Ok(context.set(&self.marker_key(name), b"")?) })
+    }
+
+    async fn marker_exists(&self, name: &str) -> bool {
+        let key = &self.marker_key(name);
+        let read = || {
+            self.store
+                .engine()
+                .run(RunOptions::default(), |tx, _| async move { Ok(tx.get(key).await?) })
+        };
+        retrying("read marker", read).await.is_some()
+    }
+
+    fn effect_failure(&self, detail: &str) -> TxError {
+        TxError::Abort(StoreError::Refused {
+            detail: detail.to_owned(),
+            source: None,
+        })
+    }
+
+    async fn fail_completions(&self, fail: bool) {
+        self.store.engine().fail_commits(fail);
+    }
+}
+
+/// An [`FdbEffects`] on a fresh embedded engine.
+pub async fn embedded_effects(policy: Policy) -> FdbEffects<crate::EmbeddedEngine> {
+    FdbEffects::new(embedded().await, policy)
 }
 
 // ---- FoundationDB's limits and conflicts --------------------------------------
@@ -698,7 +798,7 @@ pub async fn embedded() -> TestEngine<crate::EmbeddedEngine> {
 }
 
 #[cfg(feature = "foundationdb")]
-pub use self::foundationdb::{TEST_PREFIX_START, foundationdb, foundationdb_store};
+pub use self::foundationdb::{TEST_PREFIX_START, foundationdb, foundationdb_effects, foundationdb_store};
 
 #[cfg(feature = "foundationdb")]
 mod foundationdb {
@@ -760,6 +860,12 @@ see store-fdb/FOUNDATIONDB.md";
             Ok(Err(error)) => cluster_unavailable("ping", error),
             Err(_) => cluster_unavailable("ping", format!("no answer within {CLUSTER_REACHABLE_MS_MAX} ms")),
         }
+    }
+
+    /// An [`super::FdbEffects`] for store-core's atomic completion
+    /// behaviours, under a fresh prefix.
+    pub async fn foundationdb_effects(policy: Policy) -> super::FdbEffects<FoundationDbEngine> {
+        super::FdbEffects::new(foundationdb().await, policy)
     }
 
     /// A store for store-core's conformance suite, under a fresh prefix.

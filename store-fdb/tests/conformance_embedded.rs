@@ -1,5 +1,6 @@
-//! The store-core conformance suite on the FDB-style store over the embedded
-//! engine, with durable commits as in production.
+//! The store-core conformance suites on the FDB-style store over the
+//! embedded engine, with durable commits as in production: the store API,
+//! and atomic completion (an effect committed with the completion).
 
 use std::sync::Arc;
 use store_core::Policy;
@@ -11,3 +12,4 @@ async fn embedded_store(policy: Policy) -> SharedStore {
 }
 
 store_core::conformance_tests!(embedded_store);
+store_core::atomic_completion_tests!(store_fdb::testkit::embedded_effects);

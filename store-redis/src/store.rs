@@ -5,7 +5,7 @@ use crate::config::{RedisConfig, WaitConfig};
 use crate::connection::Connection;
 use crate::errors::store_error;
 use crate::keys::RecordKeys;
-use crate::record::{encode_response, fingerprint_hex, record_from_fields, token_hex};
+use crate::record::{fingerprint_hex, record_from_fields, token_hex};
 use crate::reply::{claim_outcome, fenced_outcome};
 use crate::scripts::Scripts;
 use async_trait::async_trait;
@@ -13,7 +13,7 @@ use redis::{Script, Value};
 use std::collections::HashMap;
 use store_core::{
     CallerId, ClaimOutcome, ClaimRequest, Fenced, HeldLease, IdempotencyKey, IdempotencyStore, Policy, PurgeReport,
-    Record, RecoveryPoint, SavedResponse, StoreError,
+    Record, RecoveryPoint, SavedResponse, StoreError, encode_response,
 };
 
 /// The Redis backend. Cheap to clone; clones share one connection.
