@@ -137,6 +137,18 @@ impl<E> CompleteWithError<E> {
             CompleteWithError::Effect(_) => false,
         }
     }
+
+    /// One [`StoreError`], for callers that report the effect's own failure
+    /// as they report the store's.
+    pub fn into_store_error(self) -> StoreError
+    where
+        E: Into<StoreError>,
+    {
+        match self {
+            CompleteWithError::Store(error) => error,
+            CompleteWithError::Effect(error) => error.into(),
+        }
+    }
 }
 
 /// A store that commits a caller's effect with the completion, in one
@@ -159,7 +171,11 @@ pub trait AtomicCompletion: IdempotencyStore {
     /// called again, in a fresh transaction, when the store meets a conflict
     /// (which is why it is `Fn`, not `FnOnce`), and whatever it did
     /// elsewhere would not roll back with the transaction.
-    fn complete_with<'a, T, F>(&'a self, lease: &'a HeldLease, effect: F) -> CompleteWithFuture<'a, T, Self::EffectError>
+    fn complete_with<'a, T, F>(
+        &'a self,
+        lease: &'a HeldLease,
+        effect: F,
+    ) -> CompleteWithFuture<'a, T, Self::EffectError>
     where
         T: Send + 'a,
         F: for<'t> Fn(EffectScope<'t, 'a, Self::EffectContext<'t>>) -> EffectFuture<'t, T, Self::EffectError>

@@ -17,9 +17,7 @@ pub mod types;
 #[cfg(feature = "testkit")]
 pub mod testkit;
 
-pub use atomic::{
-    AtomicCompletion, CompleteWithError, CompleteWithFuture, Completion, EffectFuture, EffectScope,
-};
+pub use atomic::{AtomicCompletion, CompleteWithError, CompleteWithFuture, Completion, EffectFuture, EffectScope};
 pub use codec::{CodecError, decode_record, decode_response, encode_record, encode_response};
 pub use outcome::{Acquired, ClaimOutcome, ClaimRequest, Fenced, HeldLease, PurgeReport};
 pub use store::{BoxError, IdempotencyStore, PURGE_BATCH_MAX, StoreError};

@@ -6,12 +6,12 @@
 
 use async_trait::async_trait;
 use std::collections::{BTreeMap, HashSet};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 use store_core::machine::{self, Found, Step, Write};
-use std::future::Future;
-use std::pin::Pin;
 use store_core::testkit::SharedStore;
 use store_core::*;
 
@@ -164,7 +164,11 @@ impl AtomicCompletion for MemoryStore {
     type EffectContext<'t> = &'t MemoryTransaction;
     type EffectError = MemoryEffectError;
 
-    fn complete_with<'a, T, F>(&'a self, lease: &'a HeldLease, effect: F) -> CompleteWithFuture<'a, T, MemoryEffectError>
+    fn complete_with<'a, T, F>(
+        &'a self,
+        lease: &'a HeldLease,
+        effect: F,
+    ) -> CompleteWithFuture<'a, T, MemoryEffectError>
     where
         T: Send + 'a,
         F: for<'t> Fn(EffectScope<'t, 'a, &'t MemoryTransaction>) -> EffectFuture<'t, T, MemoryEffectError>

@@ -101,3 +101,14 @@ fn machine_disagreed() -> StoreError {
         source: None,
     }
 }
+
+/// What an effect's error means to a caller that reports it as a store
+/// error: an abort carries the reason the effect gave.
+impl From<TxError> for StoreError {
+    fn from(error: TxError) -> Self {
+        match error {
+            TxError::Engine(error) => error.into_store_error(),
+            TxError::Abort(error) => error,
+        }
+    }
+}

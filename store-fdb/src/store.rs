@@ -161,7 +161,13 @@ impl<E: Engine> FdbStore<E> {
         })
     }
 
-    pub(crate) async fn apply(&self, tx: &E::Tx, slot: &Slot, existing: &Existing, write: Write) -> Result<(), TxError> {
+    pub(crate) async fn apply(
+        &self,
+        tx: &E::Tx,
+        slot: &Slot,
+        existing: &Existing,
+        write: Write,
+    ) -> Result<(), TxError> {
         match write {
             Write::Nothing => Ok(()),
             // A tombstone stays while its key is claimed again: if the new

@@ -62,7 +62,8 @@ fn label_effect<'a>(
     label_id: &'static str,
     order_id: i64,
     tag: u8,
-) -> impl for<'t> Fn(EffectScope<'t, 'a, &'t Client>) -> EffectFuture<'t, &'static str, EffectError> + Send + Sync + 'a {
+) -> impl for<'t> Fn(EffectScope<'t, 'a, &'t Client>) -> EffectFuture<'t, &'static str, EffectError> + Send + Sync + 'a
+{
     let calls = calls.clone();
     move |transaction| {
         calls.fetch_add(1, Ordering::SeqCst);

@@ -74,7 +74,9 @@ impl EffectHarness for PostgresEffects {
     }
 
     async fn marker_exists(&self, name: &str) -> bool {
-        self.query("SELECT 1 FROM conformance_markers WHERE name = $1", name).await == 1
+        self.query("SELECT 1 FROM conformance_markers WHERE name = $1", name)
+            .await
+            == 1
     }
 
     fn effect_failure(&self, detail: &str) -> EffectError {
@@ -88,7 +90,10 @@ impl EffectHarness for PostgresEffects {
         } else {
             "DELETE FROM conformance_fail_completions"
         };
-        client.execute(sql, &[]).await.expect("arm or disarm the completion failure");
+        client
+            .execute(sql, &[])
+            .await
+            .expect("arm or disarm the completion failure");
     }
 }
 

@@ -33,6 +33,6 @@ pub use config::{ConfigError, RedisConfig, WaitConfig};
 pub use connection::{CLUSTER_RETRIES_MAX, RECONNECT_DELAY_MS_MAX, RECONNECT_DELAY_MS_MIN, RECONNECT_RETRIES_MAX};
 pub use errors::CORRUPT_RECORD_CODE;
 pub use keys::RecordKeys;
+pub use store::RedisStore;
 /// The saved-response format the `response` field holds: store-core's.
 pub use store_core::codec::RESPONSE_FORMAT_VERSION;
-pub use store::RedisStore;

@@ -121,7 +121,11 @@ pub async fn the_effect_and_the_completed_record_commit_together<H: EffectHarnes
     assert_eq!(runs.load(Ordering::SeqCst), 1, "runs of the effect");
     assert!(harness.marker_exists(&name).await, "the effect's row did not commit");
     let record = store.inspect(&caller, &lease.key).await.unwrap();
-    assert_eq!(completed_by(record), Some(lease.token), "the record is not completed by this lease");
+    assert_eq!(
+        completed_by(record),
+        Some(lease.token),
+        "the record is not completed by this lease"
+    );
     assert_eq!(
         store.claim(&claim_request(&caller, "k", "a")).await.unwrap(),
         ClaimOutcome::Replay(response(1))
