@@ -19,8 +19,8 @@ use crate::keys::EXPIRY_SHARDS;
 use crate::store::{FdbStore, PURGE_TRANSACTION_MS_MAX};
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use store_core::testkit::atomic::EffectHarness;
 use store_core::{
@@ -96,12 +96,13 @@ pub struct RunCounters {
 }
 
 /// Any engine, counting what its runs do, optionally delaying every read
-/// and optionally failing every commit after its body ran.
+/// and optionally failing the commits of transactions that write under a
+/// given prefix.
 pub struct ObservedEngine<E> {
     inner: E,
     counters: Arc<RunCounters>,
     read_delay_ms: Arc<AtomicU64>,
-    fail_commits: Arc<AtomicBool>,
+    fail_commits_writing: Arc<Mutex<Option<Vec<u8>>>>,
 }
 
 impl<E: Engine> ObservedEngine<E> {
@@ -110,15 +111,19 @@ impl<E: Engine> ObservedEngine<E> {
             inner,
             counters: Arc::default(),
             read_delay_ms: Arc::default(),
-            fail_commits: Arc::default(),
+            fail_commits_writing: Arc::default(),
         }
     }
 
-    /// While `fail` holds, every transaction fails after its body ran, just
-    /// before its commit, and commits nothing: a crash or an error between
-    /// a transaction's last write and its commit.
-    pub fn fail_commits(&self, fail: bool) {
-        self.fail_commits.store(fail, Ordering::SeqCst);
+    /// While `prefix` is set, every transaction that writes a key under it
+    /// fails after its body ran, just before its commit, and commits
+    /// nothing: a crash or an error between its last write and its commit.
+    /// Transactions that write elsewhere commit as usual.
+    pub fn fail_commits_writing(&self, prefix: Option<Vec<u8>>) {
+        *self
+            .fail_commits_writing
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = prefix;
     }
 
     pub fn counters(&self) -> &RunCounters {
@@ -136,6 +141,13 @@ impl<E: Engine> ObservedEngine<E> {
 pub struct ObservedTx<T> {
     inner: T,
     read_delay_ms: u64,
+    watch: Option<Arc<WriteWatch>>,
+}
+
+/// Whether one attempt wrote a key under the prefix whose commits fail.
+struct WriteWatch {
+    prefix: Vec<u8>,
+    hit: AtomicBool,
 }
 
 impl<T: Transaction> ObservedTx<T> {
@@ -158,6 +170,11 @@ impl<T: Transaction> Transaction for ObservedTx<T> {
     }
 
     fn set(&self, key: &[u8], value: &[u8]) -> Result<(), EngineError> {
+        if let Some(watch) = &self.watch
+            && key.starts_with(&watch.prefix)
+        {
+            watch.hit.store(true, Ordering::SeqCst);
+        }
         self.inner.set(key, value)
     }
 
@@ -184,24 +201,37 @@ impl<E: Engine> Engine for ObservedEngine<E> {
         Fut: Future<Output = Result<T, TxError>> + Send,
     {
         self.counters.runs.fetch_add(1, Ordering::Relaxed);
-        let (counters, body, fail_commits) = (&self.counters, &body, &self.fail_commits);
+        let (counters, body) = (&self.counters, &body);
         let read_delay_ms = self.read_delay_ms.load(Ordering::Relaxed);
+        let fail_prefix = self
+            .fail_commits_writing
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone();
+        let fail_prefix = &fail_prefix;
         self.inner
             .run(options, move |tx, maybe_committed| {
                 counters.attempts.fetch_add(1, Ordering::Relaxed);
                 if maybe_committed == MaybeCommitted::Maybe {
                     counters.attempts_after_unknown_result.fetch_add(1, Ordering::Relaxed);
                 }
+                let watch = fail_prefix.as_ref().map(|prefix| {
+                    Arc::new(WriteWatch {
+                        prefix: prefix.clone(),
+                        hit: AtomicBool::new(false),
+                    })
+                });
                 let body = body(
                     ObservedTx {
                         inner: tx,
                         read_delay_ms,
+                        watch: watch.clone(),
                     },
                     maybe_committed,
                 );
                 async move {
                     let output = body.await?;
-                    if fail_commits.load(Ordering::SeqCst) {
+                    if watch.is_some_and(|watch| watch.hit.load(Ordering::SeqCst)) {
                         return Err(TxError::Abort(StoreError::Unavailable {
                             detail: "injected: the commit failed after the transaction's body ran".to_owned(),
                             source: None,
@@ -601,8 +631,8 @@ pub async fn audit_intents<E: Engine>(store: Arc<FdbStore<E>>, count: usize) {
 // ---- store-core's atomic completion behaviours -------------------------------
 
 /// store-core's [`EffectHarness`] on the FDB-style store: marker rows under
-/// the effects subspace, and completions failed by the [`ObservedEngine`]
-/// after their body ran.
+/// the effects subspace, and completions failed by the [`ObservedEngine`]:
+/// while armed, a transaction that writes a record fails before its commit.
 pub struct FdbEffects<E: Engine> {
     store: FdbStore<ObservedEngine<E>>,
 }
@@ -652,7 +682,8 @@ impl<E: Engine> EffectHarness for FdbEffects<E> {
     }
 
     async fn fail_completions(&self, fail: bool) {
-        self.store.engine().fail_commits(fail);
+        let records = fail.then(|| self.store.layout().records().bytes().to_vec());
+        self.store.engine().fail_commits_writing(records);
     }
 }
 
