@@ -1,14 +1,26 @@
-//! The record's stored form: one format-version byte, then postcard.
+//! The stored forms of a record and of a saved response: each one
+//! format-version byte, then postcard.
 //!
 //! postcard is compact, stable (its wire format is frozen at 1.0) and
 //! maintained; bincode is avoided (see the README's dependency notes). A
-//! committed byte fixture (`tests/fixtures/record-v1.bin`) is decoded by a
-//! test, so any change to the layout is caught before it ships.
+//! committed byte fixture for each (`tests/fixtures/record-v1.bin`,
+//! `tests/fixtures/response-v1.bin`) is decoded and re-encoded by a test, so
+//! any change to a layout is caught before it ships.
+//!
+//! Who uses which: the FDB-style store keeps whole records
+//! ([`encode_record`]); the Redis store keeps a record as hash fields, its
+//! saved response as one opaque field ([`encode_response`]), since its
+//! scripts copy a response but never look inside; PostgreSQL keeps the
+//! response in columns of its own (status, header names, header values,
+//! body) and needs neither.
 
-use crate::types::{InvalidInput, Record, RecordState};
+use crate::types::{InvalidInput, Record, RecordState, SavedResponse};
+use serde::{Deserialize, Serialize};
 
 /// The version byte written in front of every encoded record.
 pub const RECORD_FORMAT_VERSION: u8 = 1;
+/// The version byte written in front of every encoded saved response.
+pub const RESPONSE_FORMAT_VERSION: u8 = 1;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CodecError {
@@ -47,6 +59,54 @@ pub fn decode_record(bytes: &[u8]) -> Result<Record, CodecError> {
     validate(record)
 }
 
+/// The fields of a saved response, in the order postcard writes them.
+#[derive(Serialize)]
+struct ResponseOut<'a> {
+    status: u16,
+    headers: &'a [(String, String)],
+    body: &'a [u8],
+}
+
+#[derive(Deserialize)]
+struct ResponseIn {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+/// A saved response as stored on its own (status, headers, body), for
+/// replay.
+pub fn encode_response(response: &SavedResponse) -> Vec<u8> {
+    let fields = ResponseOut {
+        status: response.status(),
+        headers: response.headers(),
+        body: response.body(),
+    };
+    let mut bytes = vec![RESPONSE_FORMAT_VERSION];
+    // Serialising plain borrowed data into a Vec has no failure mode but
+    // allocation, which aborts anyway.
+    bytes.extend_from_slice(&postcard::to_stdvec(&fields).unwrap_or_default());
+    bytes
+}
+
+/// Decodes and re-validates a stored response: its limits are checked again,
+/// as for any outside input.
+pub fn decode_response(bytes: &[u8]) -> Result<SavedResponse, CodecError> {
+    let (&version, body) = bytes.split_first().ok_or(CodecError::Empty)?;
+    if version != RESPONSE_FORMAT_VERSION {
+        return Err(CodecError::UnknownVersion(version));
+    }
+    let (fields, rest): (ResponseIn, &[u8]) =
+        postcard::take_from_bytes(body).map_err(|error| CodecError::Malformed(format!("response: {error}")))?;
+    if !rest.is_empty() {
+        return Err(CodecError::Malformed(format!(
+            "response has {} trailing bytes",
+            rest.len()
+        )));
+    }
+    Ok(SavedResponse::new(fields.status, fields.headers, fields.body)?)
+}
+
 fn validate(mut record: Record) -> Result<Record, CodecError> {
     record.state = match record.state {
         RecordState::Started { lease, recovery_point } => RecordState::Started {
@@ -68,6 +128,50 @@ mod tests {
     use proptest::prelude::*;
 
     const FIXTURE: &[u8] = include_bytes!("../tests/fixtures/record-v1.bin");
+    const RESPONSE_FIXTURE: &[u8] = include_bytes!("../tests/fixtures/response-v1.bin");
+
+    /// The response stored in the response fixture. As with the record's,
+    /// a format change means a new version byte and a new fixture.
+    fn fixture_response() -> SavedResponse {
+        SavedResponse::new(
+            201,
+            vec![
+                ("content-type".into(), "application/json".into()),
+                ("location".into(), "/v1/labels/L-5521".into()),
+            ],
+            br#"{"label_id":"L-5521","tracking_no":"GRD000918273"}"#.to_vec(),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn the_committed_response_fixture_decodes_to_the_known_response() {
+        assert_eq!(decode_response(RESPONSE_FIXTURE), Ok(fixture_response()));
+        assert_eq!(encode_response(&fixture_response()), RESPONSE_FIXTURE);
+    }
+
+    #[test]
+    fn damaged_responses_are_errors_not_panics() {
+        assert_eq!(decode_response(&[]), Err(CodecError::Empty));
+        assert_eq!(decode_response(&[9]), Err(CodecError::UnknownVersion(9)));
+        let fixture = RESPONSE_FIXTURE;
+        assert!(matches!(
+            decode_response(&fixture[..fixture.len() - 1]),
+            Err(CodecError::Malformed(_))
+        ));
+        let mut long = fixture.to_vec();
+        long.push(0);
+        assert!(matches!(decode_response(&long), Err(CodecError::Malformed(_))));
+        // A status outside 100-599 decodes but is refused by the limits.
+        let out_of_range = ResponseOut {
+            status: 5,
+            headers: &[],
+            body: &[],
+        };
+        let mut bad_status = vec![RESPONSE_FORMAT_VERSION];
+        bad_status.extend_from_slice(&postcard::to_stdvec(&out_of_range).unwrap());
+        assert!(matches!(decode_response(&bad_status), Err(CodecError::Invalid(_))));
+    }
 
     /// The record stored in the fixture. Changing the format means adding a
     /// new version byte and a new fixture, never editing this one.
@@ -131,6 +235,23 @@ mod tests {
             bytes in proptest::collection::vec(any::<u8>(), 0..512)
         ) {
             let _ = decode_record(&bytes);
+        }
+
+        #[test]
+        fn responses_round_trip_byte_for_byte(
+            status in 100u16..=599,
+            body in proptest::collection::vec(any::<u8>(), 0..256),
+            location in "[ -~]{0,64}",
+        ) {
+            let response = SavedResponse::new(status, vec![("location".into(), location)], body).unwrap();
+            prop_assert_eq!(decode_response(&encode_response(&response)), Ok(response));
+        }
+
+        #[test]
+        fn mutated_response_fixtures_never_panic(position in 0usize..RESPONSE_FIXTURE.len(), byte in any::<u8>()) {
+            let mut bytes = RESPONSE_FIXTURE.to_vec();
+            bytes[position] = byte;
+            let _ = decode_response(&bytes);
         }
 
         #[test]

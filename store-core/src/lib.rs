@@ -1,11 +1,13 @@
 //! idem's store API: the types, the pure per-key state machine, the record
-//! codec and (behind the `testkit` feature) the conformance suite that every
-//! backend passes.
+//! and saved-response codecs, atomic completion ([`AtomicCompletion`]) and
+//! (behind the `testkit` feature) the conformance suites that every backend
+//! passes.
 //!
 //! This crate does no I/O and knows no backend: backends bring the
 //! transactions and the bytes on disk, and read the time from a [`Clock`]
 //! (the machine itself takes it as an argument).
 
+pub mod atomic;
 pub mod clock;
 pub mod codec;
 pub mod fingerprint;
@@ -18,8 +20,9 @@ pub mod waiting;
 #[cfg(feature = "testkit")]
 pub mod testkit;
 
+pub use atomic::{AtomicCompletion, CompleteWithError, CompleteWithFuture, Completion, EffectFuture, EffectScope};
 pub use clock::{Clock, ManualClock, SharedClock, SystemClock};
-pub use codec::{CodecError, decode_record, encode_record};
+pub use codec::{CodecError, decode_record, decode_response, encode_record, encode_response};
 pub use outcome::{Acquired, ClaimOutcome, ClaimRequest, Fenced, ForgetOutcome, HeldLease, PurgeReport};
 pub use store::{BoxError, IdempotencyStore, PURGE_BATCH_MAX, StoreError};
 pub use types::*;

@@ -627,5 +627,6 @@ macro_rules! conformance_tests {
     };
 }
 
+pub mod atomic;
 pub mod model;
 pub mod waiting;

@@ -1,10 +1,15 @@
-//! Runs the conformance suite against the smallest possible store: the pure
-//! state machine over a mutex-guarded map. It checks the suite and the
-//! machine together, before any backend adds I/O; it is not a backend. It
-//! reads the injected clock, so the suite moves its time by hand.
+//! Runs the conformance suites against the smallest possible store: the pure
+//! state machine over a mutex-guarded map, with atomic completion done
+//! optimistically (run the effect on what was read, commit only if the
+//! record did not change meanwhile). It checks the suites and the machine
+//! together, before any backend adds I/O; it is not a backend. It reads the
+//! injected clock, so the suite moves its time by hand.
 
 use async_trait::async_trait;
 use std::collections::{BTreeMap, HashSet};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use store_core::machine::{self, Found, Step, Write};
 use store_core::testkit::SharedStore;
@@ -21,6 +26,10 @@ struct MemoryStore {
     /// In-process notifications, shared by the handles on one map: the
     /// smallest notification source, which checks the waiting suite.
     changes: ChangeHub,
+    /// Marker rows written by committed effects.
+    markers: Mutex<HashSet<String>>,
+    /// While set, every atomic completion fails after its effect ran.
+    fail_completions: AtomicBool,
 }
 
 impl MemoryStore {
@@ -139,33 +148,163 @@ impl IdempotencyStore for MemoryStore {
     }
 }
 
-async fn memory_store(policy: Policy, clock: SharedClock) -> SharedStore {
-    Arc::new(MemoryStore {
+/// An effect's transaction on the memory store: its marker writes, staged
+/// until the commit.
+#[derive(Default)]
+struct MemoryTransaction {
+    markers: Mutex<Vec<String>>,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct MemoryEffectError(String);
+
+impl MemoryStore {
+    fn read(&self, slot: &Slot) -> Option<Record> {
+        self.state.lock().unwrap().0.get(slot).cloned()
+    }
+
+    /// Commits the completion and the staged markers if the record is still
+    /// `read`; false when it changed meanwhile (a conflict: run again).
+    fn commit(&self, slot: &Slot, read: &Option<Record>, completed: Record, transaction: MemoryTransaction) -> bool {
+        let mut guard = self.state.lock().unwrap();
+        if guard.0.get(slot) != read.as_ref() {
+            return false;
+        }
+        guard.0.insert(slot.clone(), completed);
+        let staged = transaction.markers.into_inner().unwrap();
+        self.markers.lock().unwrap().extend(staged);
+        true
+    }
+}
+
+impl AtomicCompletion for MemoryStore {
+    type EffectContext<'t> = &'t MemoryTransaction;
+    type EffectError = MemoryEffectError;
+
+    fn complete_with<'a, T, F>(
+        &'a self,
+        lease: &'a HeldLease,
+        effect: F,
+    ) -> CompleteWithFuture<'a, T, MemoryEffectError>
+    where
+        T: Send + 'a,
+        F: for<'t> Fn(EffectScope<'t, 'a, &'t MemoryTransaction>) -> EffectFuture<'t, T, MemoryEffectError>
+            + Send
+            + Sync
+            + 'a,
+    {
+        Box::pin(async move {
+            let slot = (lease.caller.clone(), lease.key.digest());
+            loop {
+                let (read, now) = (self.read(&slot), self.clock.now_ms());
+                let found = Found::from_record(read.as_ref());
+                match machine::completion_fence(found, lease.token, now) {
+                    machine::CompletionFence::CompletedByThisToken(response) => {
+                        return Ok(Completion::AlreadyCompleted {
+                            response: response.clone(),
+                        });
+                    }
+                    machine::CompletionFence::Lost => return Ok(Completion::LeaseLost),
+                    machine::CompletionFence::Held => {}
+                }
+                let transaction = MemoryTransaction::default();
+                let (response, value) = effect(EffectScope::new(&transaction))
+                    .await
+                    .map_err(CompleteWithError::Effect)?;
+                if self.fail_completions.load(Ordering::SeqCst) {
+                    return Err(StoreError::Unavailable {
+                        detail: "injected: the completion failed after its effect".into(),
+                        source: None,
+                    }
+                    .into());
+                }
+                let step = machine::complete(found, lease.token, response.clone(), now, &self.policy);
+                let Write::Put(completed) = step.write else {
+                    panic!("the fence held, so the completion must write");
+                };
+                if self.commit(&slot, &read, completed, transaction) {
+                    return Ok(Completion::Committed { response, value });
+                }
+            }
+        })
+    }
+}
+
+struct MemoryHarness {
+    store: MemoryStore,
+}
+
+impl store_core::testkit::atomic::EffectHarness for MemoryHarness {
+    type Store = MemoryStore;
+
+    fn store(&self) -> &MemoryStore {
+        &self.store
+    }
+
+    fn time(&self) -> store_core::testkit::TestTime {
+        store_core::testkit::TestTime::Wall
+    }
+
+    fn write_marker<'c>(
+        &'c self,
+        context: &'c &MemoryTransaction,
+        name: &'c str,
+    ) -> Pin<Box<dyn Future<Output = Result<(), MemoryEffectError>> + Send + 'c>> {
+        Box::pin(async move {
+            context.markers.lock().unwrap().push(name.to_owned());
+            Ok(())
+        })
+    }
+
+    async fn marker_exists(&self, name: &str) -> bool {
+        self.store.markers.lock().unwrap().contains(name)
+    }
+
+    fn effect_failure(&self, detail: &str) -> MemoryEffectError {
+        MemoryEffectError(detail.to_owned())
+    }
+
+    async fn fail_completions(&self, fail: bool) {
+        self.store.fail_completions.store(fail, Ordering::SeqCst);
+    }
+}
+
+fn memory(policy: Policy, clock: SharedClock) -> MemoryStore {
+    MemoryStore {
         policy,
         clock,
         state: Arc::default(),
         changes: ChangeHub::new(),
-    })
+        markers: Mutex::default(),
+        fail_completions: AtomicBool::new(false),
+    }
+}
+
+async fn memory_store(policy: Policy, clock: SharedClock) -> SharedStore {
+    Arc::new(memory(policy, clock))
+}
+
+async fn memory_harness(policy: Policy) -> MemoryHarness {
+    MemoryHarness {
+        store: memory(policy, SystemClock::shared()),
+    }
 }
 
 /// Two handles on one map, as two instances on one server.
 async fn memory_store_pair(policy: Policy) -> (SharedStore, SharedStore) {
-    let first = MemoryStore {
-        policy,
-        clock: SystemClock::shared(),
-        state: Arc::default(),
-        changes: ChangeHub::new(),
-    };
+    let first = memory(policy, SystemClock::shared());
     let second = MemoryStore {
-        policy,
         clock: Arc::clone(&first.clock),
         state: Arc::clone(&first.state),
         changes: first.changes.clone(),
+        ..memory(policy, SystemClock::shared())
     };
     (Arc::new(first), Arc::new(second))
 }
 
 store_core::conformance_tests!(clocked: memory_store);
+store_core::atomic_completion_tests!(memory_harness);
 
 mod waiting {
     store_core::waiting_tests!(super::memory_store_pair);

@@ -56,6 +56,11 @@ impl KeyLayout {
         }
     }
 
+    /// Where every record's chunks live.
+    pub fn records(&self) -> &Subspace {
+        &self.records
+    }
+
     pub fn slot(&self, caller: &CallerId, digest: KeyDigest) -> Slot {
         let id = (caller.as_str(), Bytes::from(&digest.0[..]));
         Slot {

@@ -5,8 +5,10 @@
 //! clear_range, and a retry loop that knows a commit may have happened even
 //! when it reported an error. It runs on the embedded engine ([`embedded`],
 //! fjall, zero set-up) and on a FoundationDB cluster. The key record and the
-//! business effect commit in one transaction ([`FdbStore::complete_with`]).
+//! business effect commit in one transaction (store-core's
+//! [`store_core::AtomicCompletion`], implemented in `effect.rs`).
 
+mod effect;
 pub mod embedded;
 pub mod engine;
 #[cfg(feature = "foundationdb")]

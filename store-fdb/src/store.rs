@@ -12,9 +12,7 @@
 use crate::engine::{Engine, EngineError, MaybeCommitted, RunOptions, Transaction, TxError};
 use crate::keys::{KIND_RECORD, KIND_TOMBSTONE, KeyLayout, RECORD_CHUNK_BYTES_MAX, RECORD_CHUNKS_MAX, Slot};
 use async_trait::async_trait;
-use futures::future::BoxFuture;
-use std::future::Future;
-use store_core::machine::{self, CompletionFence, Found, Step, Write};
+use store_core::machine::{self, Found, Step, Write};
 use store_core::{
     CallerId, ChangeHub, ClaimOutcome, ClaimRequest, Fenced, ForgetOutcome, HeldLease, IdempotencyKey,
     IdempotencyStore, KeyDigest, PURGE_BATCH_MAX, Policy, PurgeReport, Record, RecordId, RecoveryPoint, SavedResponse,
@@ -79,7 +77,7 @@ pub struct FdbStore<E: Engine> {
 }
 
 /// What a transaction found under a slot.
-struct Existing {
+pub(crate) struct Existing {
     record: Option<Record>,
     /// How many chunks the record is stored in (0 without a record): an
     /// overwrite that needs no more chunks than this replaces every stored
@@ -90,7 +88,7 @@ struct Existing {
 }
 
 impl Existing {
-    fn found(&self) -> Found<'_> {
+    pub(crate) fn found(&self) -> Found<'_> {
         match (&self.record, self.tombstone_expires_at_ms) {
             (Some(record), _) => Found::Record(record),
             (None, Some(_)) => Found::Tombstone,
@@ -144,55 +142,9 @@ impl<E: Engine> FdbStore<E> {
         &self.policy
     }
 
-    /// Runs an effect and the completion of its record in one transaction,
-    /// only while `lease` still holds: the handler-level API for work whose
-    /// rows must commit with the key (docs/design.md#transaction-2).
-    ///
-    /// The fence is checked before the effect runs, so an attempt that lost
-    /// its lease runs nothing. The effect writes its rows (under
-    /// [`KeyLayout::effects`]) and returns the response to save. The call
-    /// returns the saved response: this run's, or, when an earlier try of
-    /// this same call committed with an unknown result, that try's, without
-    /// running the effect again.
-    ///
-    /// The future is boxed so that it is `Send` by construction: callers
-    /// spawn it on multi-threaded runtimes, and the compiler cannot always
-    /// prove `Send` through the nested closures at the spawn site.
-    pub fn complete_with<'a, F, Fut>(
-        &'a self,
-        lease: &'a HeldLease,
-        effect: F,
-    ) -> BoxFuture<'a, Result<Fenced<SavedResponse>, StoreError>>
-    where
-        F: Fn(E::Tx) -> Fut + Send + Sync + 'a,
-        Fut: Future<Output = Result<SavedResponse, TxError>> + Send + 'a,
-    {
-        Box::pin(async move {
-            let slot = &self.layout.slot(&lease.caller, lease.key.digest());
-            let effect = &effect;
-            let result = self
-                .engine
-                .run(self.run_options, |tx, _maybe_committed: MaybeCommitted| async move {
-                    let now = self.clock.now_ms();
-                    let existing = self.read_existing(&tx, slot, now).await?;
-                    match machine::completion_fence(existing.found(), lease.token, now) {
-                        CompletionFence::CompletedByThisToken(saved) => return Ok(Fenced::Applied(saved.clone())),
-                        CompletionFence::Lost => return Ok(Fenced::LeaseLost),
-                        CompletionFence::Held => {}
-                    }
-                    let response = effect(tx.clone()).await?;
-                    let step = machine::complete(existing.found(), lease.token, response.clone(), now, &self.policy);
-                    assert!(
-                        step.outcome.is_applied(),
-                        "the fence held, so the completion must apply"
-                    );
-                    self.apply(&tx, slot, &existing, step.write).await?;
-                    Ok(Fenced::Applied(response))
-                })
-                .await;
-            self.announce_end(lease, &result);
-            result
-        })
+    /// The retry options of every transaction of this store.
+    pub(crate) fn run_options(&self) -> RunOptions {
+        self.run_options
     }
 
     /// Wakes this process's waiters on the record after a write that may
@@ -201,10 +153,15 @@ impl<E: Engine> FdbStore<E> {
     /// happened, and a needless wake-up costs a waiter one read.
     fn announce_end<T>(&self, lease: &HeldLease, result: &Result<Fenced<T>, StoreError>) {
         if !matches!(result, Ok(Fenced::LeaseLost)) {
-            self.engine
-                .change_hub()
-                .notify(&RecordId::new(&lease.caller, &lease.key));
+            self.announce_change(lease);
         }
+    }
+
+    /// Wakes this process's waiters on the lease's record.
+    pub(crate) fn announce_change(&self, lease: &HeldLease) {
+        self.engine
+            .change_hub()
+            .notify(&RecordId::new(&lease.caller, &lease.key));
     }
 
     /// One transition of one key, in one transaction.
@@ -226,7 +183,7 @@ impl<E: Engine> FdbStore<E> {
             .await
     }
 
-    async fn read_existing(&self, tx: &E::Tx, slot: &Slot, now: u64) -> Result<Existing, TxError> {
+    pub(crate) async fn read_existing(&self, tx: &E::Tx, slot: &Slot, now: u64) -> Result<Existing, TxError> {
         let (record, record_chunks) = match read_record_bytes(tx, slot).await? {
             Some(stored) => (Some(decode_record(&stored.bytes)?), stored.chunks),
             None => (None, 0),
@@ -242,7 +199,13 @@ impl<E: Engine> FdbStore<E> {
         })
     }
 
-    async fn apply(&self, tx: &E::Tx, slot: &Slot, existing: &Existing, write: Write) -> Result<(), TxError> {
+    pub(crate) async fn apply(
+        &self,
+        tx: &E::Tx,
+        slot: &Slot,
+        existing: &Existing,
+        write: Write,
+    ) -> Result<(), TxError> {
         match write {
             Write::Nothing => Ok(()),
             // A tombstone stays while its key is claimed again: if the new

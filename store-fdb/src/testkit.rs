@@ -26,12 +26,13 @@ use crate::keys::EXPIRY_SHARDS;
 use crate::store::{FdbStore, PURGE_TRANSACTION_MS_MAX};
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use store_core::testkit::TestTime;
+use store_core::testkit::atomic::EffectHarness;
 use store_core::{
-    CallerId, ClaimOutcome, ClaimRequest, Fenced, Fingerprint, ForgetOutcome, IdempotencyKey, IdempotencyStore,
-    KeyDigest, ManualClock, Policy, RecordState, SavedResponse, StoreError, SystemClock,
+    AtomicCompletion, CallerId, ClaimOutcome, ClaimRequest, Completion, Fingerprint, ForgetOutcome, IdempotencyKey,
+    IdempotencyStore, KeyDigest, ManualClock, Policy, RecordState, SavedResponse, StoreError, SystemClock,
 };
 
 /// Lease of the purge behaviours' policy.
@@ -145,13 +146,16 @@ pub struct RunCounters {
     pub attempts_after_unknown_result: AtomicU64,
 }
 
-/// Any engine, counting what its runs do and optionally delaying every read.
+/// Any engine, counting what its runs do, optionally delaying every read
+/// and optionally failing the commits of transactions that write under a
+/// given prefix.
 pub struct ObservedEngine<E> {
     inner: E,
     counters: Arc<RunCounters>,
     read_delay_ms: Arc<AtomicU64>,
     /// What a read delay passes: a manual clock moved, or a real sleep.
     delays: TestTime,
+    fail_commits_writing: Arc<Mutex<Option<Vec<u8>>>>,
 }
 
 impl<E: Engine> ObservedEngine<E> {
@@ -161,7 +165,19 @@ impl<E: Engine> ObservedEngine<E> {
             counters: Arc::default(),
             read_delay_ms: Arc::default(),
             delays,
+            fail_commits_writing: Arc::default(),
         }
+    }
+
+    /// While `prefix` is set, every transaction that writes a key under it
+    /// fails after its body ran, just before its commit, and commits
+    /// nothing: a crash or an error between its last write and its commit.
+    /// Transactions that write elsewhere commit as usual.
+    pub fn fail_commits_writing(&self, prefix: Option<Vec<u8>>) {
+        *self
+            .fail_commits_writing
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = prefix;
     }
 
     pub fn counters(&self) -> &RunCounters {
@@ -180,6 +196,13 @@ pub struct ObservedTx<T> {
     inner: T,
     read_delay_ms: u64,
     delays: TestTime,
+    watch: Option<Arc<WriteWatch>>,
+}
+
+/// Whether one attempt wrote a key under the prefix whose commits fail.
+struct WriteWatch {
+    prefix: Vec<u8>,
+    hit: AtomicBool,
 }
 
 impl<T: Transaction> ObservedTx<T> {
@@ -202,6 +225,11 @@ impl<T: Transaction> Transaction for ObservedTx<T> {
     }
 
     fn set(&self, key: &[u8], value: &[u8]) -> Result<(), EngineError> {
+        if let Some(watch) = &self.watch
+            && key.starts_with(&watch.prefix)
+        {
+            watch.hit.store(true, Ordering::SeqCst);
+        }
         self.inner.set(key, value)
     }
 
@@ -239,20 +267,43 @@ impl<E: Engine> Engine for ObservedEngine<E> {
         let (counters, body) = (&self.counters, &body);
         let read_delay_ms = self.read_delay_ms.load(Ordering::Relaxed);
         let delays = &self.delays;
+        let fail_prefix = self
+            .fail_commits_writing
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone();
+        let fail_prefix = &fail_prefix;
         self.inner
             .run(options, move |tx, maybe_committed| {
                 counters.attempts.fetch_add(1, Ordering::Relaxed);
                 if maybe_committed == MaybeCommitted::Maybe {
                     counters.attempts_after_unknown_result.fetch_add(1, Ordering::Relaxed);
                 }
-                body(
+                let watch = fail_prefix.as_ref().map(|prefix| {
+                    Arc::new(WriteWatch {
+                        prefix: prefix.clone(),
+                        hit: AtomicBool::new(false),
+                    })
+                });
+                let body = body(
                     ObservedTx {
                         inner: tx,
                         read_delay_ms,
                         delays: delays.clone(),
+                        watch: watch.clone(),
                     },
                     maybe_committed,
-                )
+                );
+                async move {
+                    let output = body.await?;
+                    if watch.is_some_and(|watch| watch.hit.load(Ordering::SeqCst)) {
+                        return Err(TxError::Abort(StoreError::Unavailable {
+                            detail: "injected: the commit failed after the transaction's body ran".to_owned(),
+                            source: None,
+                        }));
+                    }
+                    Ok(output)
+                }
             })
             .await
     }
@@ -538,10 +589,15 @@ pub async fn a_slow_purge_is_split_before_five_seconds<E: Engine>(test: TestEngi
 
 /// The effect of the audits: increments a counter in the completing
 /// transaction. A duplicated effect shows as a count above one.
-async fn count_effect<T: Transaction>(tx: T, counter_key: Vec<u8>) -> Result<SavedResponse, TxError> {
-    let current = read_count(&tx, &counter_key).await?;
-    tx.set(&counter_key, &(current + 1).to_be_bytes())?;
-    Ok(SavedResponse::new(201, vec![], counter_key).expect("small response"))
+async fn count_effect<T: Transaction>(tx: T, counter_key: &[u8]) -> Result<(SavedResponse, ()), TxError> {
+    let current = read_count(&tx, counter_key).await?;
+    tx.set(counter_key, &(current + 1).to_be_bytes())?;
+    Ok((counted(counter_key), ()))
+}
+
+/// The response [`count_effect`] saves.
+fn counted(counter_key: &[u8]) -> SavedResponse {
+    SavedResponse::new(201, vec![], counter_key.to_vec()).expect("small response")
 }
 
 async fn read_count<T: Transaction>(tx: &T, counter_key: &[u8]) -> Result<u64, TxError> {
@@ -596,29 +652,40 @@ pub async fn complete_with_runs_the_effect_once_and_never_for_a_lost_lease<E: En
     let lost = store
         .complete_with(&first.lease, |tx| {
             ran.fetch_add(1, Ordering::SeqCst);
-            count_effect(tx, lost_key.clone())
+            Box::pin(count_effect(tx.into_context(), &lost_key))
         })
         .await
         .unwrap();
-    assert_eq!(lost, Fenced::LeaseLost);
+    assert_eq!(lost, Completion::LeaseLost);
     assert_eq!(
         ran.load(Ordering::SeqCst),
         0,
         "the effect ran for a lease that was lost"
     );
     assert_eq!(effect_count(&store, 1).await, 0, "a lost lease wrote its effect");
-    for _ in 0..2 {
-        // The second call is a retry of a call that committed: it returns
-        // the saved response without running the effect again.
-        let applied = store
-            .complete_with(&second.lease, |tx| count_effect(tx, held_key.clone()))
-            .await
-            .unwrap();
-        assert_eq!(
-            applied,
-            Fenced::Applied(SavedResponse::new(201, vec![], held_key.clone()).unwrap())
-        );
-    }
+    let committed = store
+        .complete_with(&second.lease, |tx| Box::pin(count_effect(tx.into_context(), &held_key)))
+        .await
+        .unwrap();
+    assert_eq!(
+        committed,
+        Completion::Committed {
+            response: counted(&held_key),
+            value: ()
+        }
+    );
+    // A retry of a call that committed returns the saved response without
+    // running the effect again.
+    let again = store
+        .complete_with(&second.lease, |tx| Box::pin(count_effect(tx.into_context(), &held_key)))
+        .await
+        .unwrap();
+    assert_eq!(
+        again,
+        Completion::AlreadyCompleted {
+            response: counted(&held_key)
+        }
+    );
     assert_eq!(effect_count(&store, 2).await, 1, "effects of the held lease");
     let record = store.inspect(&caller, &key("k")).await.unwrap().expect("record");
     assert!(
@@ -641,11 +708,11 @@ async fn run_intent<E: Engine>(store: &FdbStore<E>, caller: &CallerId, intent: u
             Err(error) => panic!("intent {intent}: {error}"),
         };
         match store
-            .complete_with(&lease, |tx| count_effect(tx, counter_key.clone()))
+            .complete_with(&lease, |tx| Box::pin(count_effect(tx.into_context(), counter_key)))
             .await
         {
-            Ok(Fenced::Applied(_)) => return,
-            Ok(Fenced::LeaseLost) => panic!("intent {intent}: lease lost without a competitor"),
+            Ok(Completion::Committed { .. } | Completion::AlreadyCompleted { .. }) => return,
+            Ok(Completion::LeaseLost) => panic!("intent {intent}: lease lost without a competitor"),
             Err(error) if error.is_retryable() => continue,
             Err(error) => panic!("intent {intent}: {error}"),
         }
@@ -694,6 +761,76 @@ pub async fn audit_intents<E: Engine>(store: Arc<FdbStore<E>>, count: usize) {
         HashMap::from([(1, count)]),
         "effects per intent (count -> intents)"
     );
+}
+
+// ---- store-core's atomic completion behaviours -------------------------------
+
+/// store-core's [`EffectHarness`] on the FDB-style store: marker rows under
+/// the effects subspace, and completions failed by the [`ObservedEngine`]:
+/// while armed, a transaction that writes a record fails before its commit.
+pub struct FdbEffects<E: Engine> {
+    store: FdbStore<ObservedEngine<E>>,
+    time: TestTime,
+}
+
+impl<E: Engine> FdbEffects<E> {
+    pub fn new(test: TestEngine<E>, policy: Policy) -> Self {
+        Self {
+            time: test.time(),
+            store: test.observed().store(policy),
+        }
+    }
+
+    fn marker_key(&self, name: &str) -> Vec<u8> {
+        self.store.layout().effects().pack(&("marker", name))
+    }
+}
+
+impl<E: Engine> EffectHarness for FdbEffects<E> {
+    type Store = FdbStore<ObservedEngine<E>>;
+
+    fn store(&self) -> &Self::Store {
+        &self.store
+    }
+
+    fn time(&self) -> TestTime {
+        self.time.clone()
+    }
+
+    fn write_marker<'c>(
+        &'c self,
+        context: &'c ObservedTx<E::Tx>,
+        name: &'c str,
+    ) -> std::pin::Pin<Box<dyn Future<Output = Result<(), TxError>> + Send + 'c>> {
+        Box::pin(async move { Ok(context.set(&self.marker_key(name), b"")?) })
+    }
+
+    async fn marker_exists(&self, name: &str) -> bool {
+        let key = &self.marker_key(name);
+        let read = || {
+            self.store
+                .engine()
+                .run(RunOptions::default(), |tx, _| async move { Ok(tx.get(key).await?) })
+        };
+        retrying("read marker", read).await.is_some()
+    }
+
+    fn effect_failure(&self, detail: &str) -> TxError {
+        TxError::Abort(StoreError::Refused {
+            detail: detail.to_owned(),
+            source: None,
+        })
+    }
+
+    async fn fail_completions(&self, fail: bool) {
+        let records = fail.then(|| self.store.layout().records().bytes().to_vec());
+        self.store.engine().fail_commits_writing(records);
+    }
+}
+
+/// An [`FdbEffects`] on a fresh embedded engine.
+pub async fn embedded_effects(policy: Policy) -> FdbEffects<crate::EmbeddedEngine> {
+    FdbEffects::new(embedded().await, policy)
 }
 
 // ---- FoundationDB's limits and conflicts --------------------------------------
@@ -840,7 +977,9 @@ pub async fn embedded() -> TestEngine<crate::EmbeddedEngine> {
 }
 
 #[cfg(feature = "foundationdb")]
-pub use self::foundationdb::{TEST_PREFIX_START, foundationdb, foundationdb_store, foundationdb_store_pair};
+pub use self::foundationdb::{
+    TEST_PREFIX_START, foundationdb, foundationdb_effects, foundationdb_store, foundationdb_store_pair,
+};
 
 #[cfg(feature = "foundationdb")]
 mod foundationdb {
@@ -907,6 +1046,12 @@ see store-fdb/FOUNDATIONDB.md";
             Ok(Err(error)) => cluster_unavailable("ping", error),
             Err(_) => cluster_unavailable("ping", format!("no answer within {CLUSTER_REACHABLE_MS_MAX} ms")),
         }
+    }
+
+    /// An [`super::FdbEffects`] for store-core's atomic completion
+    /// behaviours, under a fresh prefix.
+    pub async fn foundationdb_effects(policy: Policy) -> super::FdbEffects<FoundationDbEngine> {
+        super::FdbEffects::new(foundationdb().await, policy)
     }
 
     /// Two stores for store-core's waiting suite, under one fresh prefix,

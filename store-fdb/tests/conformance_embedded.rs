@@ -1,6 +1,7 @@
-//! The store-core conformance suite on the FDB-style store over the embedded
-//! engine, with durable commits as in production, on the suite's manual
-//! clock: leases expire when a behaviour moves it.
+//! The store-core conformance suites on the FDB-style store over the
+//! embedded engine, with durable commits as in production: the store API on
+//! the suite's manual clock (leases expire when a behaviour moves it),
+//! atomic completion (an effect committed with the completion), and waiting.
 
 use std::sync::Arc;
 use store_core::testkit::SharedStore;
@@ -13,6 +14,7 @@ async fn embedded_store(policy: Policy, clock: SharedClock) -> SharedStore {
 }
 
 store_core::conformance_tests!(clocked: embedded_store);
+store_core::atomic_completion_tests!(store_fdb::testkit::embedded_effects);
 
 /// Two stores over one engine: two instances on one database. (Two
 /// processes cannot open one embedded database, so in-process is all there

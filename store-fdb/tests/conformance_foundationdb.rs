@@ -1,6 +1,7 @@
-//! The store-core conformance suite on the FDB-style store over a real
-//! FoundationDB cluster: the same store and the same behaviours as
-//! `conformance_embedded.rs`, with FoundationDB underneath.
+//! The store-core conformance suites (the store API and atomic completion)
+//! on the FDB-style store over a real FoundationDB cluster: the same store
+//! and the same behaviours as `conformance_embedded.rs`, with FoundationDB
+//! underneath.
 //!
 //! Compiled only with the `foundationdb` feature, and linking needs
 //! FoundationDB's client library. Running needs a cluster: FoundationDB's
@@ -11,3 +12,4 @@
 #![cfg(feature = "foundationdb")]
 
 store_core::conformance_tests!(clocked: store_fdb::testkit::foundationdb_store);
+store_core::atomic_completion_tests!(store_fdb::testkit::foundationdb_effects);

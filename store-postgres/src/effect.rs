@@ -1,62 +1,44 @@
-//! The handler-level atomic API: the effect's rows and the completed record
-//! commit in one PostgreSQL transaction, or neither does (docs/design.md's
-//! transaction 2).
+//! The handler-level atomic API (store-core's [`AtomicCompletion`]): the
+//! effect's rows and the completed record commit in one PostgreSQL
+//! transaction, or neither does (docs/design.md#transaction-2).
 
-use crate::error::{Attempt, CompleteWithError, EffectError, effect_attempt};
+use crate::error::{Attempt, EffectError, effect_attempt};
 use crate::row::Slot;
 use crate::row::{RecordColumns, guard_of, record_from_row, time_column};
 use crate::store::{PostgresStore, SELECT_FOR_UPDATE, UPDATE_RECORD_OR_FAIL, read_clock};
-use std::future::Future;
-use std::pin::Pin;
 use store_core::machine::{self, CompletionFence, Found, Write};
-use store_core::{HeldLease, Record, SavedResponse, StoreError};
+use store_core::{
+    AtomicCompletion, CompleteWithError, CompleteWithFuture, Completion, EffectFuture, EffectScope, HeldLease, Record,
+    StoreError,
+};
 // A pooled connection inside the open transaction: effects use its statement
 // cache (`prepare_cached`); it dereferences to tokio-postgres's `Client`.
 use deadpool_postgres::Client;
 use tokio_postgres::types::ToSql;
 
-/// What an effect returns: the response to save under the key, and a value
-/// of its own for the caller. It borrows the transaction it writes through.
-pub type EffectFuture<'t, T> = Pin<Box<dyn Future<Output = Result<(SavedResponse, T), EffectError>> + Send + 't>>;
+impl AtomicCompletion for PostgresStore {
+    /// A pooled connection inside the open transaction; it dereferences to
+    /// tokio-postgres's `Client`, and its statement cache
+    /// (`prepare_cached`) is the connection's.
+    type EffectContext<'t> = &'t Client;
+    type EffectError = EffectError;
 
-/// How [`PostgresStore::complete_with`] ended, when it did not fail.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Completion<T> {
-    /// The effect ran, and its rows and the completed record committed together.
-    Committed { response: SavedResponse, value: T },
-    /// This lease's completion had already committed (an earlier call whose
-    /// reply was lost), so the effect did not run again; here is what was saved.
-    AlreadyCompleted { response: SavedResponse },
-    /// The lease no longer holds the key: the effect did not run and nothing
-    /// was written.
-    LeaseLost,
-}
-
-impl PostgresStore {
-    /// Completes the key and commits `effect`'s writes in the same
-    /// transaction, only while `lease` still holds the key.
+    /// The row is locked `FOR UPDATE` and the fence checked before the
+    /// effect runs, so a lost lease runs nothing, and no takeover can happen
+    /// between the check and the commit. If the effect fails, everything
+    /// rolls back and the lease is still held.
     ///
-    /// The row is locked `FOR UPDATE` and the fence checked before the effect
-    /// runs, so a lost lease runs nothing, and no takeover can happen between
-    /// the check and the commit. If the effect fails, everything rolls back
-    /// and the lease is still held.
-    ///
-    /// The effect must write only through the transaction it is given: it
-    /// is called again, in a fresh transaction, when PostgreSQL reports a
-    /// serialization failure or a deadlock (at most
-    /// [`crate::TRANSACTION_ATTEMPTS_MAX`] times in all), which is why it is
-    /// `Fn` and not `FnOnce`.
-    ///
-    /// The whole attempt, effect included, is bounded by the config's
-    /// `operation_timeout_ms`.
+    /// The effect is called again, in a fresh transaction, when PostgreSQL
+    /// reports a serialization failure or a deadlock (at most
+    /// [`crate::TRANSACTION_ATTEMPTS_MAX`] times in all). The whole attempt,
+    /// effect included, is bounded by the config's `operation_timeout_ms`.
     ///
     /// ```no_run
-    /// # use store_core::{HeldLease, SavedResponse};
-    /// # use store_postgres::{CompleteWithError, Completion, EffectError, PostgresStore};
-    /// # async fn label_route(store: &PostgresStore, lease: &HeldLease, label_id: String) -> Result<(), CompleteWithError> {
+    /// # use store_core::{AtomicCompletion, CompleteWithError, Completion, HeldLease, SavedResponse};
+    /// # use store_postgres::{EffectError, PostgresStore};
+    /// # async fn label_route(store: &PostgresStore, lease: &HeldLease, label_id: &str) -> Result<(), CompleteWithError<EffectError>> {
     /// let outcome = store
     ///     .complete_with(lease, |transaction| {
-    ///         let label_id = label_id.clone();
     ///         Box::pin(async move {
     ///             transaction
     ///                 .execute("INSERT INTO labels (label_id) VALUES ($1)", &[&label_id])
@@ -64,7 +46,7 @@ impl PostgresStore {
     ///             let body = format!("{{\"label_id\":\"{label_id}\"}}").into_bytes();
     ///             let response =
     ///                 SavedResponse::new(201, Vec::new(), body).map_err(|error| EffectError::Handler(error.into()))?;
-    ///             Ok((response, label_id))
+    ///             Ok((response, label_id.len()))
     ///         })
     ///     })
     ///     .await?;
@@ -76,22 +58,24 @@ impl PostgresStore {
     /// # Ok(())
     /// # }
     /// ```
-    pub async fn complete_with<T, F>(&self, lease: &HeldLease, effect: F) -> Result<Completion<T>, CompleteWithError>
+    fn complete_with<'a, T, F>(&'a self, lease: &'a HeldLease, effect: F) -> CompleteWithFuture<'a, T, EffectError>
     where
-        T: Send,
-        F: for<'t> Fn(&'t Client) -> EffectFuture<'t, T> + Send + Sync,
+        T: Send + 'a,
+        F: for<'t> Fn(EffectScope<'t, 'a, &'t Client>) -> EffectFuture<'t, T, EffectError> + Send + Sync + 'a,
     {
-        self.with_retries(|| self.complete_with_once(lease, &effect)).await
+        Box::pin(async move { self.with_retries(|| self.complete_with_once(lease, &effect)).await })
     }
+}
 
-    async fn complete_with_once<T, F>(
+impl PostgresStore {
+    async fn complete_with_once<'a, T, F>(
         &self,
         lease: &HeldLease,
         effect: &F,
-    ) -> Result<Completion<T>, Attempt<CompleteWithError>>
+    ) -> Result<Completion<T>, Attempt<CompleteWithError<EffectError>>>
     where
         T: Send,
-        F: for<'t> Fn(&'t Client) -> EffectFuture<'t, T> + Send + Sync,
+        F: for<'t> Fn(EffectScope<'t, 'a, &'t Client>) -> EffectFuture<'t, T, EffectError> + Send + Sync,
     {
         let slot = Slot::new(&lease.caller, &lease.key);
         let open = OpenTransaction::begin_and_lock(self.pool.get().await?, &slot).await?;
@@ -109,7 +93,7 @@ impl PostgresStore {
                 return Ok(Completion::LeaseLost);
             }
         }
-        let (response, value) = match effect(open.client()).await {
+        let (response, value) = match effect(EffectScope::new(open.client())).await {
             Ok(done) => done,
             Err(error) => {
                 open.rollback().await?;
@@ -140,7 +124,7 @@ struct OpenTransaction {
 
 impl OpenTransaction {
     /// `BEGIN` and `SELECT ... FOR UPDATE`, pipelined.
-    async fn begin_and_lock(connection: Client, slot: &Slot) -> Result<Self, Attempt<CompleteWithError>> {
+    async fn begin_and_lock(connection: Client, slot: &Slot) -> Result<Self, Attempt<CompleteWithError<EffectError>>> {
         let lock = connection.prepare_cached(SELECT_FOR_UPDATE).await?;
         let mut open = Self {
             connection: Some(connection),
@@ -169,7 +153,7 @@ impl OpenTransaction {
     }
 
     /// Ends the transaction without writing; the connection goes back to the pool.
-    async fn rollback(mut self) -> Result<(), Attempt<CompleteWithError>> {
+    async fn rollback(mut self) -> Result<(), Attempt<CompleteWithError<EffectError>>> {
         self.client().batch_execute("ROLLBACK").await?;
         self.connection = None;
         Ok(())
@@ -185,7 +169,7 @@ impl OpenTransaction {
         slot: &Slot,
         previous: &Record,
         completed: &Record,
-    ) -> Result<(), Attempt<CompleteWithError>> {
+    ) -> Result<(), Attempt<CompleteWithError<EffectError>>> {
         let client = self.client();
         let statement = client.prepare_cached(UPDATE_RECORD_OR_FAIL).await?;
         let columns = RecordColumns::of(completed);

@@ -3,7 +3,7 @@
 
 use deadpool_postgres::PoolError;
 use std::error::Error as _;
-use store_core::{BoxError, StoreError};
+use store_core::{BoxError, CompleteWithError, StoreError};
 use tokio_postgres::error::SqlState;
 
 /// Transactions attempted per call before a conflict is reported as
@@ -131,7 +131,8 @@ impl<E: From<StoreError>> From<StoreError> for Attempt<E> {
     }
 }
 
-/// Why the effect passed to [`crate::PostgresStore::complete_with`] failed.
+/// Why the effect passed to the PostgreSQL store's
+/// [`store_core::AtomicCompletion::complete_with`] failed.
 /// Either way its transaction was rolled back: neither the effect's rows nor
 /// the completed record were written.
 #[derive(Debug, thiserror::Error)]
@@ -157,33 +158,9 @@ impl EffectError {
     }
 }
 
-/// Why [`crate::PostgresStore::complete_with`] wrote nothing.
-#[derive(Debug, thiserror::Error)]
-pub enum CompleteWithError {
-    /// The store failed; see [`StoreError::is_retryable`]. After a retryable
-    /// error the commit outcome may be unknown: call again with the same
-    /// lease, and the store answers from the record without running the
-    /// effect twice.
-    #[error(transparent)]
-    Store(#[from] StoreError),
-    /// The effect failed and everything was rolled back; the lease is still
-    /// held.
-    #[error(transparent)]
-    Effect(EffectError),
-}
-
-impl CompleteWithError {
-    pub fn is_retryable(&self) -> bool {
-        match self {
-            CompleteWithError::Store(error) => error.is_retryable(),
-            CompleteWithError::Effect(_) => false,
-        }
-    }
-}
-
 /// The effect's own failure, sorted like the store's: its conflicts are
 /// retried, its lost connections are unavailability, the rest is its own.
-pub(crate) fn effect_attempt(error: EffectError) -> Attempt<CompleteWithError> {
+pub(crate) fn effect_attempt(error: EffectError) -> Attempt<CompleteWithError<EffectError>> {
     match error {
         EffectError::Database(database) => match classify(&database) {
             ErrorClass::Conflict => Attempt::Conflict(database.to_string()),

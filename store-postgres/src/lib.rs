@@ -6,8 +6,8 @@
 //!   `SELECT ... FOR UPDATE` to inspect, and commits at once. Nothing is held
 //!   while the handler works.
 //! - Transaction 2 completes only while the lease token holds, and with
-//!   [`PostgresStore::complete_with`] commits the handler's own rows (a
-//!   label) in the same transaction.
+//!   store-core's [`store_core::AtomicCompletion::complete_with`] commits
+//!   the handler's own rows (a label) in the same transaction.
 //! - Every decision is store-core's pure state machine, run on the locked
 //!   row with the database's clock (`now()`), never the application's.
 //! - The sweeper deletes expired rows in bounded batches on the `expires_at`
@@ -32,10 +32,9 @@ pub use config::{
     SslMode, TIMEOUT_MS_MAX,
 };
 /// The driver and its pool, so callers write effects against the same versions
-/// (an effect gets a `deadpool_postgres::Transaction`).
+/// (an effect gets a `deadpool_postgres::Client` inside the open transaction).
 pub use deadpool_postgres;
-pub use effect::{Completion, EffectFuture};
-pub use error::{CompleteWithError, EffectError, RETRY_BACKOFF_MS_MAX, TRANSACTION_ATTEMPTS_MAX};
+pub use error::{EffectError, RETRY_BACKOFF_MS_MAX, TRANSACTION_ATTEMPTS_MAX};
 pub use migrate::{
     MIGRATION_LOCK_KEY, MIGRATION_NAMESPACE_BYTES_MAX, MIGRATION_STATEMENT_TIMEOUT_MS, MigrateError, Migration,
     MigrationReport, STORE_MIGRATION_NAMESPACE, STORE_MIGRATIONS,

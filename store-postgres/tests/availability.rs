@@ -7,8 +7,8 @@ use common::{fresh_database, raw_client};
 use std::net::TcpListener;
 use std::time::{Duration, Instant};
 use store_core::testkit::{claim_request, policy, response, unique_caller};
-use store_core::{ClaimOutcome, IdempotencyStore, StoreError};
-use store_postgres::{Completion, PostgresConfig, PostgresStore};
+use store_core::{AtomicCompletion, ClaimOutcome, Completion, IdempotencyStore, StoreError};
+use store_postgres::{PostgresConfig, PostgresStore};
 
 /// The timeouts these tests configure, and the most a failing call may take.
 const TIMEOUT_MS: u64 = 300;

@@ -8,12 +8,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 use store_core::testkit::{TEST_LEASE_MS, claim_request, policy, response, unique_caller};
-use store_core::{ClaimOutcome, ClaimRequest, HeldLease, IdempotencyStore, RecordState, SavedResponse, StoreError};
+use store_core::{
+    AtomicCompletion, ClaimOutcome, ClaimRequest, CompleteWithError, Completion, EffectFuture, EffectScope, HeldLease,
+    IdempotencyStore, RecordState, SavedResponse, StoreError,
+};
 use store_postgres::deadpool_postgres::Client;
 use store_postgres::testkit::TestDatabase;
-use store_postgres::{
-    CompleteWithError, Completion, EffectError, EffectFuture, PostgresStore, TRANSACTION_ATTEMPTS_MAX,
-};
+use store_postgres::{EffectError, PostgresStore, TRANSACTION_ATTEMPTS_MAX};
 use tokio_postgres::error::SqlState;
 
 struct Fixture {
@@ -56,17 +57,18 @@ async fn insert_label(client: &Client, label_id: &str, order_id: i64) -> Result<
 }
 
 /// An effect that counts its calls, inserts a label and answers `response(tag)`.
-fn label_effect(
+fn label_effect<'a>(
     calls: &Arc<AtomicU32>,
     label_id: &'static str,
     order_id: i64,
     tag: u8,
-) -> impl for<'t> Fn(&'t Client) -> EffectFuture<'t, &'static str> + Send + Sync {
+) -> impl for<'t> Fn(EffectScope<'t, 'a, &'t Client>) -> EffectFuture<'t, &'static str, EffectError> + Send + Sync + 'a
+{
     let calls = calls.clone();
     move |transaction| {
         calls.fetch_add(1, Ordering::SeqCst);
         Box::pin(async move {
-            insert_label(transaction, label_id, order_id).await?;
+            insert_label(&transaction, label_id, order_id).await?;
             Ok((response(tag), label_id))
         })
     }
@@ -148,7 +150,7 @@ async fn an_effect_error_rolls_back_the_effect_and_the_record() {
     let outcome = store
         .complete_with(&lease, |transaction| {
             Box::pin(async move {
-                insert_label(transaction, "L-1", 1).await?;
+                insert_label(&transaction, "L-1", 1).await?;
                 Err::<(SavedResponse, ()), _>(EffectError::Handler("carrier refused the parcel".into()))
             })
         })
@@ -192,15 +194,15 @@ async fn a_second_label_for_the_same_parcel_is_refused_with_its_sqlstate() {
 
 /// An effect that fails with a serialization failure on its first
 /// `failures` calls, the way a conflicting concurrent transaction would.
-fn conflicting_effect(
+fn conflicting_effect<'a>(
     calls: &Arc<AtomicU32>,
     failures: u32,
-) -> impl for<'t> Fn(&'t Client) -> EffectFuture<'t, ()> + Send + Sync {
+) -> impl for<'t> Fn(EffectScope<'t, 'a, &'t Client>) -> EffectFuture<'t, (), EffectError> + Send + Sync + 'a {
     let calls = calls.clone();
     move |transaction| {
         let call = calls.fetch_add(1, Ordering::SeqCst);
         Box::pin(async move {
-            insert_label(transaction, "L-1", 1).await?;
+            insert_label(&transaction, "L-1", 1).await?;
             if call < failures {
                 transaction
                     .batch_execute("DO $$ BEGIN RAISE EXCEPTION 'conflict' USING ERRCODE = '40001'; END $$")
@@ -253,7 +255,7 @@ async fn a_slow_effect_keeps_the_row_locked_so_no_takeover_slips_in() {
             let _ = signal.send(());
         }
         Box::pin(async move {
-            insert_label(transaction, "L-1", 1).await?;
+            insert_label(&transaction, "L-1", 1).await?;
             // Outlive the lease while holding the row lock.
             tokio::time::sleep(Duration::from_millis(TEST_LEASE_MS * 3)).await;
             Ok((response(1), ()))

@@ -35,6 +35,7 @@ pub use config::{ConfigError, RedisConfig, RedisTls, TLS_SCHEME, WaitConfig};
 pub use connection::{CLUSTER_RETRIES_MAX, RECONNECT_DELAY_MS_MAX, RECONNECT_DELAY_MS_MIN, RECONNECT_RETRIES_MAX};
 pub use errors::CORRUPT_RECORD_CODE;
 pub use keys::RecordKeys;
-pub use record::RESPONSE_FORMAT_VERSION;
 pub use store::{FORGET_READS_MAX, RedisStore};
+/// The saved-response format the `response` field holds: store-core's.
+pub use store_core::codec::RESPONSE_FORMAT_VERSION;
 pub use tls::{TLS_ERROR_PREFIX, TLS_FILE_BYTES_MAX};

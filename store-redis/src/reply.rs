@@ -2,9 +2,9 @@
 //! means this build and the script on the server disagree: it is refused,
 //! never guessed at.
 
-use crate::record::{decode_response, recovery_point};
+use crate::record::recovery_point;
 use redis::Value;
-use store_core::{Acquired, ClaimOutcome, ClaimRequest, Fenced, HeldLease, StoreError};
+use store_core::{Acquired, ClaimOutcome, ClaimRequest, Fenced, HeldLease, StoreError, decode_response};
 
 fn unexpected(script: &str, reply: &impl std::fmt::Debug) -> StoreError {
     StoreError::Refused {

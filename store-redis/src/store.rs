@@ -6,7 +6,7 @@ use crate::connection::Connection;
 use crate::errors::store_error;
 use crate::keys::RecordKeys;
 use crate::notify::{ChangeSubscriber, publish_mode};
-use crate::record::{encode_response, fingerprint_hex, record_from_fields, token_hex};
+use crate::record::{fingerprint_hex, record_from_fields, token_hex};
 use crate::reply::{ForgetReply, claim_outcome, fenced_outcome, forget_reply};
 use crate::scripts::Scripts;
 use crate::tls::{handshake_failure, handshake_refusal, tls_certificates};
@@ -17,6 +17,7 @@ use std::sync::Arc;
 use store_core::{
     CallerId, ChangeHub, ClaimOutcome, ClaimRequest, Fenced, ForgetOutcome, HeldLease, IdempotencyKey,
     IdempotencyStore, KeyDigest, Policy, PurgeReport, Record, RecordId, RecoveryPoint, SavedResponse, StoreError,
+    encode_response,
 };
 
 /// Reads of a record that forget makes at most, when each time the record

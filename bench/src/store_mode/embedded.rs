@@ -7,7 +7,7 @@ use crate::recorder::Outcome;
 use futures::future::BoxFuture;
 use std::path::PathBuf;
 use std::sync::Arc;
-use store_core::{ClaimOutcome, IdempotencyStore, Policy};
+use store_core::{AtomicCompletion, ClaimOutcome, CompleteWithError, Completion, IdempotencyStore, Policy};
 use store_fdb::{Durability, EmbeddedConfig, EmbeddedStore, Engine, FdbStore, MaybeCommitted, RunOptions, Transaction};
 
 /// Bytes of the value each raw baseline transaction sets: a small row.
@@ -99,11 +99,15 @@ async fn run_intent<E: Engine>(store: &FdbStore<E>, inputs: &IntentInputs, index
     let label_id = intent.label_id();
     let (label_key, label_id, response) = (&label_key, &label_id, &inputs.response);
     let completed = store
-        .complete_with(&lease, |tx| async move {
-            tx.set(label_key, label_id.as_bytes())?;
-            Ok(response.clone())
+        .complete_with(&lease, |tx| {
+            Box::pin(async move {
+                tx.set(label_key, label_id.as_bytes())?;
+                Ok((response.clone(), ()))
+            })
         })
-        .await;
+        .await
+        .map(Completion::into_fenced)
+        .map_err(CompleteWithError::into_store_error);
     completion(completed)
 }
 

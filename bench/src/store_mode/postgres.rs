@@ -10,9 +10,9 @@ use crate::engine::Workload;
 use crate::recorder::Outcome;
 use futures::future::BoxFuture;
 use std::sync::Arc;
-use store_core::{ClaimOutcome, IdempotencyStore, Policy};
+use store_core::{AtomicCompletion, ClaimOutcome, CompleteWithError, Completion, IdempotencyStore, Policy};
 use store_postgres::testkit::{PostgresServer, ServerDurability};
-use store_postgres::{CompleteWithError, Completion, Migration, PostgresConfig, PostgresStore};
+use store_postgres::{Migration, PostgresConfig, PostgresStore};
 
 /// Connections in the store's pool: enough for the saturation workers to
 /// queue on the database rather than on the pool, within the harness's

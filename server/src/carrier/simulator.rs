@@ -34,10 +34,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use store_core::{
-    CallerId, ClaimOutcome, ClaimRequest, Fenced, Fingerprint, HeldLease, IdempotencyStore, Policy, SavedResponse,
-    StoreError,
+    AtomicCompletion, CallerId, ClaimOutcome, ClaimRequest, CompleteWithError, Completion, Fenced, Fingerprint,
+    HeldLease, IdempotencyStore, Policy, SavedResponse, StoreError,
 };
-use store_fdb::{Durability, EmbeddedConfig, EmbeddedStore, Engine, RunOptions, Transaction, TxError};
+use store_fdb::{Durability, EmbeddedConfig, EmbeddedStore, Engine, RunOptions, Transaction};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
@@ -409,11 +409,15 @@ async fn buy(
     let (key, row, saved) = (&key, &row, &saved);
     simulator
         .store
-        .complete_with(lease, |tx| async move {
-            tx.set(key, row)?;
-            Ok::<_, TxError>(saved.clone())
+        .complete_with(lease, |tx| {
+            Box::pin(async move {
+                tx.set(key, row)?;
+                Ok((saved.clone(), ()))
+            })
         })
         .await
+        .map(Completion::into_fenced)
+        .map_err(CompleteWithError::into_store_error)
 }
 
 /// `GET /carrier/v1/stats`.

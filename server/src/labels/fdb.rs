@@ -4,7 +4,7 @@
 //! `("label", label_id) -> StoredLabel JSON` and
 //! `("parcel", caller, order_id, parcel_no, label_version) -> label_id`, the
 //! uniqueness index. With [`FdbLabels`] the rows commit in the same
-//! transaction as the record (`FdbStore::complete_with`); as a
+//! transaction as the record (store-core's `AtomicCompletion::complete_with`); as a
 //! [`LabelTable`] beside Redis records ([`super::SplitLabels`]) they commit
 //! on their own first.
 
@@ -13,7 +13,10 @@ use crate::failpoints;
 use crate::instrumented::timed;
 use async_trait::async_trait;
 use std::sync::Arc;
-use store_core::{CallerId, CodecError, Fenced, HeldLease, IdempotencyStore, SavedResponse, StoreError};
+use store_core::{
+    AtomicCompletion, CallerId, CodecError, CompleteWithError, Completion, Fenced, HeldLease, IdempotencyStore,
+    SavedResponse, StoreError,
+};
 use store_fdb::{Engine, FdbStore, KeyLayout, RunOptions, Transaction, TxError};
 
 /// Labels in the same FDB-style store as the records.
@@ -163,11 +166,19 @@ impl<E: Engine> LabelStore for FdbLabels<E> {
 
     async fn commit(&self, lease: &HeldLease, label: &StoredLabel) -> Result<Fenced<SavedResponse>, StoreError> {
         let layout = self.store.layout();
-        let commit = self.store.complete_with(lease, |tx| async move {
-            let stored = insert_or_existing(&tx, layout, label).await?;
-            failpoints::reached(failpoints::BEFORE_COMMIT).await;
-            label_response(&stored.label).map_err(TxError::Abort)
+        let commit = self.store.complete_with(lease, |tx| {
+            Box::pin(async move {
+                let stored = insert_or_existing(tx.context(), layout, label).await?;
+                failpoints::reached(failpoints::BEFORE_COMMIT).await;
+                Ok((label_response(&stored.label).map_err(TxError::Abort)?, ()))
+            })
         });
+        let commit = async {
+            commit
+                .await
+                .map(Completion::into_fenced)
+                .map_err(CompleteWithError::into_store_error)
+        };
         timed(self.backend(), "label_commit", commit).await
     }
 

@@ -1,16 +1,18 @@
 //! Labels in PostgreSQL, in the same database as the records: the label
 //! insert and the completed record commit in one transaction
-//! (`PostgresStore::complete_with`, transaction 2 of docs/design.md#transaction-2). The table is
+//! (store-core's `AtomicCompletion::complete_with`, transaction 2 of docs/design.md#transaction-2). The table is
 //! created by the server's own migration, run by store-postgres's runner.
 
 use super::{Label, LabelStore, LabelTable, Parcel, ShippingService, StoredLabel, label_response};
 use crate::failpoints;
 use crate::instrumented::timed;
 use async_trait::async_trait;
-use store_core::{CallerId, Fenced, HeldLease, SavedResponse, StoreError};
+use store_core::{
+    AtomicCompletion, CallerId, CompleteWithError, Completion, Fenced, HeldLease, SavedResponse, StoreError,
+};
 use store_postgres::deadpool_postgres::GenericClient;
 use store_postgres::tokio_postgres::{self, Row};
-use store_postgres::{CompleteWithError, Completion, EffectError, Migration, PostgresStore};
+use store_postgres::{EffectError, Migration, PostgresStore};
 
 /// The server's migrations, applied with the store's at startup.
 pub const LABELS_MIGRATION: Migration = Migration {
@@ -203,7 +205,7 @@ impl LabelStore for PostgresLabels {
         let commit = self.store.complete_with(lease, |transaction| {
             let stored = label.clone();
             Box::pin(async move {
-                let label = insert_or_existing(transaction, &stored).await?;
+                let label = insert_or_existing(transaction.into_context(), &stored).await?;
                 failpoints::reached(failpoints::BEFORE_COMMIT).await;
                 let saved = label_response(&label).map_err(|error| EffectError::Handler(Box::new(error)))?;
                 Ok((saved, ()))
