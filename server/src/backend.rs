@@ -12,7 +12,7 @@ use crate::config::{Config, DurabilityConfig, LabelsKind, StoreKind};
 use crate::instrumented::InstrumentedStore;
 use crate::labels::{FdbLabels, LABELS_MIGRATION, LabelStore, PostgresLabels, SplitLabels};
 use std::sync::Arc;
-use store_core::{IdempotencyStore, Policy, StoreError};
+use store_core::{IdempotencyStore, Policy, SharedClock, StoreError};
 use store_fdb::{Durability, EmbeddedConfig, EmbeddedEngine, EmbeddedStore};
 
 /// The opened stores.
@@ -51,21 +51,29 @@ impl Backends {
     }
 }
 
-/// Opens the stores of `config.store.kind`.
-pub async fn open(config: &Config) -> Result<Backends, BackendError> {
+/// Opens the stores of `config.store.kind`. The embedded and FoundationDB
+/// stores read `clock` (the server's one clock, the idempotency layer's
+/// too); Redis and PostgreSQL decide expiry by their servers' clocks and
+/// take none (ARCHITECTURE.md, "Which clock decides lease expiry").
+pub async fn open(config: &Config, clock: &SharedClock) -> Result<Backends, BackendError> {
     let policy = config.policy().map_err(|error| BackendError::Refused {
         kind: config.store.kind.name(),
         detail: error.to_string(),
     })?;
     match config.store.kind {
-        StoreKind::Embedded => open_embedded(config, policy),
-        StoreKind::Redis => open_redis(config, policy).await,
+        StoreKind::Embedded => open_embedded(config, policy, clock),
+        StoreKind::Redis => open_redis(config, policy, clock).await,
         StoreKind::Postgres => open_postgres(config, policy).await,
-        StoreKind::Foundationdb => open_foundationdb(config, policy).await,
+        StoreKind::Foundationdb => open_foundationdb(config, policy, clock).await,
     }
 }
 
-fn embedded_store(config: &Config, policy: Policy, kind: StoreKind) -> Result<Arc<EmbeddedStore>, BackendError> {
+fn embedded_store(
+    config: &Config,
+    policy: Policy,
+    kind: StoreKind,
+    clock: &SharedClock,
+) -> Result<Arc<EmbeddedStore>, BackendError> {
     let embedded = &config.store.embedded;
     let durability = match embedded.durability {
         DurabilityConfig::SyncData => Durability::SyncData,
@@ -77,7 +85,7 @@ fn embedded_store(config: &Config, policy: Policy, kind: StoreKind) -> Result<Ar
         sizes: embedded.sizes(),
         ..EmbeddedConfig::new(&embedded.path)
     };
-    EmbeddedStore::open_embedded(&store_config, policy)
+    EmbeddedStore::open_embedded_with_clock(&store_config, policy, clock.clone())
         .map(Arc::new)
         .map_err(|source| BackendError::Store {
             kind: kind.name(),
@@ -85,8 +93,8 @@ fn embedded_store(config: &Config, policy: Policy, kind: StoreKind) -> Result<Ar
         })
 }
 
-fn open_embedded(config: &Config, policy: Policy) -> Result<Backends, BackendError> {
-    let store = embedded_store(config, policy, StoreKind::Embedded)?;
+fn open_embedded(config: &Config, policy: Policy, clock: &SharedClock) -> Result<Backends, BackendError> {
+    let store = embedded_store(config, policy, StoreKind::Embedded, clock)?;
     Ok(Backends {
         kind: StoreKind::Embedded,
         records: Arc::new(InstrumentedStore::new(store.clone())),
@@ -107,7 +115,7 @@ fn shown_path(path: &std::path::Path) -> String {
         .to_string()
 }
 
-async fn open_redis(config: &Config, policy: Policy) -> Result<Backends, BackendError> {
+async fn open_redis(config: &Config, policy: Policy, clock: &SharedClock) -> Result<Backends, BackendError> {
     let redis = &config.store.redis;
     let redis_config = store_redis::RedisConfig {
         urls: redis.urls.clone(),
@@ -138,7 +146,7 @@ async fn open_redis(config: &Config, policy: Policy) -> Result<Backends, Backend
             embedded: None,
         });
     }
-    let labels_store = embedded_store(config, policy, StoreKind::Redis)?;
+    let labels_store = embedded_store(config, policy, StoreKind::Redis, clock)?;
     tracing::warn!(
         "store.labels = \"embedded\": labels live in a local directory, so this instance must be the only \
          one on these Redis records; run several with store.labels = \"postgres\""
@@ -194,7 +202,7 @@ async fn open_postgres(config: &Config, policy: Policy) -> Result<Backends, Back
 }
 
 #[cfg(feature = "foundationdb")]
-async fn open_foundationdb(config: &Config, policy: Policy) -> Result<Backends, BackendError> {
+async fn open_foundationdb(config: &Config, policy: Policy, clock: &SharedClock) -> Result<Backends, BackendError> {
     use store_fdb::{FoundationDbConfig, FoundationDbNetwork, FoundationDbStore, KeyPrefix};
     let settings = &config.store.foundationdb;
     let store_error = |source| BackendError::Store {
@@ -209,7 +217,7 @@ async fn open_foundationdb(config: &Config, policy: Policy) -> Result<Backends, 
     };
     let store = FoundationDbStore::open_foundationdb(network, &fdb_config, policy)
         .await
-        .map(Arc::new)
+        .map(|store| Arc::new(store.with_clock(clock.clone())))
         .map_err(store_error)?;
     Ok(Backends {
         kind: StoreKind::Foundationdb,
@@ -221,7 +229,7 @@ async fn open_foundationdb(config: &Config, policy: Policy) -> Result<Backends, 
 }
 
 #[cfg(not(feature = "foundationdb"))]
-async fn open_foundationdb(_config: &Config, _policy: Policy) -> Result<Backends, BackendError> {
+async fn open_foundationdb(_config: &Config, _policy: Policy, _clock: &SharedClock) -> Result<Backends, BackendError> {
     Err(BackendError::Refused {
         kind: "foundationdb",
         detail: "this binary was built without FoundationDB support; rebuild with \

@@ -8,6 +8,7 @@ use server::config::{Config, token_sha256};
 use server::{App, RunningServer};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
+use store_core::{SharedClock, SystemClock};
 use tempfile::TempDir;
 use tokio::net::TcpListener;
 
@@ -38,6 +39,9 @@ pub struct Options {
     /// 0 in tests unless a test says, so that stopping a server is quick.
     pub shutdown_readiness_delay_ms: u64,
     pub extra_env: Vec<(String, String)>,
+    /// The clock the stores and the idempotency layer read
+    /// (`App::build_with_clock`); the system's when `None`.
+    pub clock: Option<SharedClock>,
 }
 
 impl Default for Options {
@@ -51,6 +55,7 @@ impl Default for Options {
             shutdown_grace_ms: 5_000,
             shutdown_readiness_delay_ms: 0,
             extra_env: Vec::new(),
+            clock: None,
         }
     }
 }
@@ -165,7 +170,8 @@ impl TestServer {
         }
         env.extend(options.extra_env.iter().cloned());
         let config = Config::load(None, env).expect("test config");
-        let app = App::build(config).await.expect("app starts");
+        let clock = options.clock.clone().unwrap_or_else(SystemClock::shared);
+        let app = App::build_with_clock(config, clock).await.expect("app starts");
         let carrier = options
             .carrier_url
             .clone()
