@@ -11,7 +11,7 @@
 //! lease in the background, so the key is not stuck until the lease expires.
 
 use crate::error::{IdempotencyError, Outcome, retry_after_seconds};
-use crate::idempotency::{Idempotency, now_ms};
+use crate::idempotency::Idempotency;
 use crate::metrics::MetricNames;
 use crate::policy::{Disposition, FinishPolicy};
 use crate::saved::{response_from_saved, saved_from_parts};
@@ -218,7 +218,9 @@ impl Attempt {
         MetricNames::count(self.idempotency.metric_names().lease_lost_completions_total());
         tracing::warn!(caller = %lease.caller, key_sha256 = %lease.key.digest(), "lease lost at completion");
         let record = self.idempotency.store().inspect(&lease.caller, &lease.key).await;
-        let now = now_ms();
+        // The clock the store reads (`IdempotencyBuilder::clock`), so that
+        // "still live" here agrees with the store that refused the commit.
+        let now = self.idempotency.clock().now_ms();
         let mut response = match record {
             Ok(Some(record)) if record.fingerprint == self.fingerprint && !record.is_expired(now) => {
                 match &record.state {

@@ -12,9 +12,10 @@ use axum::http::Extensions;
 use axum::response::Response;
 use std::any::Any;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 use store_core::{
-    CallerId, ClaimOutcome, ClaimRequest, Fingerprint, HeldLease, IdempotencyKey, IdempotencyStore, StoreError,
+    CallerId, ClaimOutcome, ClaimRequest, Fingerprint, HeldLease, IdempotencyKey, IdempotencyStore, SharedClock,
+    StoreError, SystemClock,
 };
 use tokio_util::task::TaskTracker;
 
@@ -39,9 +40,9 @@ pub const STORE_RETRY_AFTER_S_DEFAULT: u64 = 1;
 pub const STORE_RETRY_AFTER_S_MAX: u64 = 3_600;
 
 /// The shared part of the layer and the handler-level API: the store, the
-/// tracker of attempts in flight (shutdown waits for them), and the
-/// application's choices (who the caller is, how errors look, the metric
-/// prefix, the `Retry-After` of store outages). Cheap to clone.
+/// tracker of attempts in flight (shutdown waits for them), the clock, and
+/// the application's choices (who the caller is, how errors look, the
+/// metric prefix, the `Retry-After` of store outages). Cheap to clone.
 #[derive(Clone)]
 pub struct Idempotency {
     inner: Arc<Inner>,
@@ -49,6 +50,7 @@ pub struct Idempotency {
 
 struct Inner {
     store: Arc<dyn IdempotencyStore>,
+    clock: SharedClock,
     tasks: TaskTracker,
     store_retry_after_s: u64,
     caller_identity: Arc<dyn CallerIdentity>,
@@ -70,6 +72,7 @@ fn take_work_guard<T: Clone + Send + Sync + 'static>(extensions: &Extensions) ->
 /// Builds an [`Idempotency`]; see [`Idempotency::builder`].
 pub struct IdempotencyBuilder {
     store: Arc<dyn IdempotencyStore>,
+    clock: SharedClock,
     caller_identity: Arc<dyn CallerIdentity>,
     tasks: TaskTracker,
     store_retry_after_s: u64,
@@ -79,6 +82,26 @@ pub struct IdempotencyBuilder {
 }
 
 impl IdempotencyBuilder {
+    /// The clock the middleware reads wall time from, in place of
+    /// [`SystemClock`]. Give it the clock your store reads: the embedded
+    /// store and FoundationDB decide lease expiry by a clock they are given
+    /// (`store_fdb::EmbeddedStore::open_embedded_with_clock`,
+    /// `FdbStore::with_clock`), so a test that moves one
+    /// [`store_core::ManualClock`] moves both, and a lease ends without
+    /// sleeping. Redis and PostgreSQL stores decide by their servers' clocks
+    /// and take none: keep the default with them.
+    ///
+    /// The middleware reads it in one place: when an attempt's fenced
+    /// completion finds its lease taken over, to tell whether the winner's
+    /// record is still live (then its answer is replayed) and how long the
+    /// winner's lease still runs (the 409's `Retry-After`). Every decision
+    /// about a lease or a retention is the store's, on the store's clock; a
+    /// clock that disagrees with the store's changes only that answer.
+    pub fn clock(mut self, clock: SharedClock) -> Self {
+        self.clock = clock;
+        self
+    }
+
     /// The tracker the middleware spawns each attempt's task on. Give it
     /// the one your shutdown waits on (`close()` then `wait()`), so work
     /// that outlived its client still finishes and saves its answer. The
@@ -125,6 +148,7 @@ impl IdempotencyBuilder {
         Idempotency {
             inner: Arc::new(Inner {
                 store: self.store,
+                clock: self.clock,
                 tasks: self.tasks,
                 store_retry_after_s: self.store_retry_after_s,
                 caller_identity: self.caller_identity,
@@ -151,6 +175,7 @@ impl Idempotency {
     pub fn builder(store: Arc<dyn IdempotencyStore>, caller_identity: impl CallerIdentity) -> IdempotencyBuilder {
         IdempotencyBuilder {
             store,
+            clock: SystemClock::shared(),
             caller_identity: Arc::new(caller_identity),
             tasks: TaskTracker::new(),
             store_retry_after_s: STORE_RETRY_AFTER_S_DEFAULT,
@@ -164,13 +189,15 @@ impl Idempotency {
     /// its own lease and retention. Stores take their `store_core::Policy`
     /// when opened, so open a second handle on the same database with the
     /// route's policy (the embedded store: `FdbStore::new(engine.clone(),
-    /// prefix, policy)`, which shares the engine) and give the route's
-    /// layer the `Idempotency` this returns.
+    /// prefix, policy)`, which shares the engine, `.with_clock(clock)` if
+    /// you gave one) and give the route's layer the `Idempotency` this
+    /// returns. The clock and every other setting are kept.
     pub fn with_store(&self, store: Arc<dyn IdempotencyStore>) -> Self {
         let inner = &self.inner;
         Self {
             inner: Arc::new(Inner {
                 store,
+                clock: inner.clock.clone(),
                 tasks: inner.tasks.clone(),
                 store_retry_after_s: inner.store_retry_after_s,
                 caller_identity: inner.caller_identity.clone(),
@@ -184,6 +211,11 @@ impl Idempotency {
     /// The store records are kept in.
     pub fn store(&self) -> &Arc<dyn IdempotencyStore> {
         &self.inner.store
+    }
+
+    /// The clock the middleware reads ([`IdempotencyBuilder::clock`]).
+    pub fn clock(&self) -> &SharedClock {
+        &self.inner.clock
     }
 
     /// Attempts in flight; shutdown waits for them.
@@ -339,12 +371,4 @@ impl Idempotency {
             _ => IdempotencyError::Internal(format!("store: {error}")),
         }
     }
-}
-
-/// Milliseconds since the Unix epoch by this process's clock.
-pub(crate) fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|elapsed| elapsed.as_millis() as u64)
-        .unwrap_or(0)
 }

@@ -22,8 +22,10 @@
 //!   ([`CallerIdentity`]: keys are scoped by caller), how errors look
 //!   ([`IdempotencyError`], rendered as RFC 9457 problem details by
 //!   [`ProblemJson`] unless the application gives a [`RenderError`]), the
-//!   metric prefix ([`metrics`]) and what the attempt's task holds while it
-//!   runs ([`IdempotencyBuilder::hold_during_work`]).
+//!   metric prefix ([`metrics`]), what the attempt's task holds while it
+//!   runs ([`IdempotencyBuilder::hold_during_work`]), and the clock it reads
+//!   ([`IdempotencyBuilder::clock`]: the one the store reads, so tests can
+//!   end a lease by moving a [`store_core::ManualClock`]).
 //!
 //! The claim and the route run in a task of their own, so a client that
 //! hangs up, or a request timeout, never cuts an attempt off between its

@@ -1,5 +1,5 @@
 //! The application's hooks: who the caller is, how errors look, what the
-//! attempt's task holds, and a route's own lease and retention.
+//! attempt's task holds, a route's own lease and retention, and the clock.
 
 use axum::Router;
 use axum::body::{Body, Bytes};
@@ -11,13 +11,15 @@ use axum::middleware::{Next, from_fn};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use http_body_util::BodyExt;
-use idem_http::{CallerIdentity, Idempotency, IdempotencyError, IdempotencyLayer, REPLAYED_HEADER, SingleCaller};
+use idem_http::{
+    CallerIdentity, Idempotency, IdempotencyError, IdempotencyLayer, REPLAYED_HEADER, SingleCaller, retry_after_seconds,
+};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
-use store_core::{CallerId, IdempotencyKey, IdempotencyStore, Policy};
+use store_core::{CallerId, IdempotencyKey, IdempotencyStore, ManualClock, Policy};
 use store_fdb::{EmbeddedConfig, EmbeddedStore, FdbStore, KEY_PREFIX_DEFAULT};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tower::ServiceExt;
 
 const BODY_BYTES_MAX: usize = 1_024;
@@ -47,8 +49,7 @@ async fn send(app: &Router, request: axum::http::request::Builder) -> (StatusCod
         .oneshot(request.body(Body::from("{}")).unwrap())
         .await
         .unwrap();
-    let (parts, body) = response.into_parts();
-    (parts.status, parts.headers, body.collect().await.unwrap().to_bytes())
+    into_parts(response).await
 }
 
 fn order(key: &str, caller: &str) -> axum::http::request::Builder {
@@ -218,6 +219,80 @@ async fn a_route_gets_its_own_lease_and_retention_through_its_own_store_handle()
         "{orders_kept_ms}"
     );
     assert!(about(quotes_kept_ms, hour_ms), "{quotes_kept_ms}");
+}
+
+/// A fixed instant years before any real reading of the system's clock: a
+/// store on a manual clock started here stamps records that a layer
+/// reading the system's clock instead would take for long expired.
+const MANUAL_CLOCK_START_MS: u64 = 1_000_000_000_000;
+
+/// One call of a route that says when it started, then waits to be let go.
+#[derive(Default)]
+struct Gate {
+    started: Notify,
+    let_go: Notify,
+}
+
+/// The layer reads the clock it was given, the one its store reads. Here an
+/// attempt's lease ends while it works (the test moves the clock, nobody
+/// sleeps), a retry takes the key over, and the first attempt's fenced
+/// completion is refused: it answers 409 with the winner's remaining lease
+/// as `Retry-After`, measured on that clock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_lease_is_answered_by_the_clock_the_store_reads() {
+    let clock = ManualClock::starting_at(MANUAL_CLOCK_START_MS);
+    let policy = Policy::default();
+    let store = EmbeddedStore::open_embedded_with_clock(&EmbeddedConfig::temporary(), policy, clock.clone()).unwrap();
+    let caller = SingleCaller(CallerId::new("shop").unwrap());
+    let idempotency = Idempotency::builder(Arc::new(store), caller)
+        .clock(clock.clone())
+        .build();
+    let gates: Arc<[Gate; 2]> = Arc::default();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let route = {
+        let (gates, calls) = (gates.clone(), calls.clone());
+        move || {
+            let (gates, call) = (gates.clone(), calls.fetch_add(1, Ordering::SeqCst));
+            async move {
+                let gate = &gates[call];
+                gate.started.notify_one();
+                gate.let_go.notified().await;
+                (StatusCode::CREATED, format!("call {call}"))
+            }
+        }
+    };
+    let app = Router::new().route(
+        "/orders",
+        post(route.layer(IdempotencyLayer::new(idempotency, BODY_BYTES_MAX))),
+    );
+    let request = || {
+        Request::post("/orders")
+            .header("idempotency-key", "k")
+            .body(Body::empty())
+            .unwrap()
+    };
+    let first = tokio::spawn(app.clone().oneshot(request()));
+    gates[0].started.notified().await;
+    clock.advance_ms(policy.lease_ms() + 1);
+    let takeover = tokio::spawn(app.clone().oneshot(request()));
+    gates[1].started.notified().await;
+    gates[0].let_go.notify_one();
+    let first = first.await.unwrap().unwrap();
+    assert_eq!(first.status(), StatusCode::CONFLICT);
+    assert_eq!(
+        first.headers()["retry-after"],
+        retry_after_seconds(policy.lease_ms()).to_string().as_str(),
+        "the winner's whole lease is left on the store's clock"
+    );
+    gates[1].let_go.notify_one();
+    let (status, _, body) = into_parts(takeover.await.unwrap().unwrap()).await;
+    assert_eq!((status, &body[..]), (StatusCode::CREATED, &b"call 1"[..]));
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
+async fn into_parts(response: Response) -> (StatusCode, axum::http::HeaderMap, Bytes) {
+    let (parts, body) = response.into_parts();
+    (parts.status, parts.headers, body.collect().await.unwrap().to_bytes())
 }
 
 /// The extractor names its rejection when a handler asks for an attempt on

@@ -2,7 +2,8 @@
 //! listener and shuts down gracefully.
 //!
 //! [`router`] builds the axum `Router` from its parts, so tests can serve
-//! it on `127.0.0.1:0`; [`App::build`] opens everything a config names, and
+//! it on `127.0.0.1:0`; [`App::build`] opens everything a config names
+//! ([`App::build_with_clock`]: on a clock a test moves), and
 //! [`App::serve`] / [`App::start`] run it.
 
 use crate::admission::admit;
@@ -31,7 +32,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
-use store_core::{Policy, StoreError};
+use store_core::{Policy, SharedClock, StoreError, SystemClock};
 use store_fdb::EmbeddedEngine;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -155,15 +156,25 @@ pub struct App {
 
 impl App {
     /// Opens the stores and the carrier (starting the simulator in-process
-    /// when no carrier URL is configured).
+    /// when no carrier URL is configured), on the system's clock.
     pub async fn build(config: Config) -> Result<Self, StartupError> {
+        Self::build_with_clock(config, SystemClock::shared()).await
+    }
+
+    /// [`App::build`] on `clock`: the one clock the embedded or FoundationDB
+    /// store and the idempotency layer read, so a test can end a lease or a
+    /// retention by moving a `store_core::ManualClock` instead of sleeping.
+    /// Redis and PostgreSQL decide expiry by their servers' clocks and
+    /// ignore it; so does the in-process carrier simulator, which stands
+    /// for another company's service and keeps the system's clock.
+    pub async fn build_with_clock(config: Config, clock: SharedClock) -> Result<Self, StartupError> {
         config.validate()?;
         // TLS files first: a bad one is refused before any store is opened.
         let inbound_tls = inbound_tls(&config.server.tls)?;
         let carrier_roots = carrier_roots(&config.carrier)?;
         let metrics = prometheus_handle().map_err(StartupError::Metrics)?;
         let callers = Callers::from_config(&config.callers).map_err(StartupError::Callers)?;
-        let backends = backend::open(&config).await?;
+        let backends = backend::open(&config, &clock).await?;
         register_at_zero(backends.records.backend_name());
         export_limits(config.server.in_flight_max);
         let (carrier_url, carrier_server) = start_carrier(&config).await?;
@@ -175,7 +186,12 @@ impl App {
         .map_err(StartupError::Carrier)?;
         let tasks = TaskTracker::new();
         let state = AppState {
-            idempotency: idempotency::configure(backends.records.clone(), tasks.clone(), config.server.retry_after_s),
+            idempotency: idempotency::configure(
+                backends.records.clone(),
+                tasks.clone(),
+                config.server.retry_after_s,
+                clock,
+            ),
             labels: backends.labels.clone(),
             carrier: Arc::new(carrier),
             metrics,

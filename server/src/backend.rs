@@ -12,7 +12,7 @@ use crate::config::{Config, DurabilityConfig, LabelsKind, StoreKind};
 use crate::instrumented::InstrumentedStore;
 use crate::labels::{FdbLabels, LABELS_MIGRATION, LabelStore, PostgresLabels, SplitLabels};
 use std::sync::Arc;
-use store_core::{IdempotencyStore, Policy, StoreError};
+use store_core::{IdempotencyStore, Policy, SharedClock, StoreError, SystemClock};
 use store_fdb::{Durability, EmbeddedConfig, EmbeddedEngine, EmbeddedStore};
 
 /// The opened stores.
@@ -55,14 +55,17 @@ impl Backends {
     }
 }
 
-/// Opens the stores of `config.store.kind`.
-pub async fn open(config: &Config) -> Result<Backends, BackendError> {
+/// Opens the stores of `config.store.kind`. The embedded and FoundationDB
+/// stores read `clock` (the server's one clock, the idempotency layer's
+/// too); Redis and PostgreSQL decide expiry by their servers' clocks and
+/// take none (ARCHITECTURE.md, "Which clock decides lease expiry").
+pub async fn open(config: &Config, clock: &SharedClock) -> Result<Backends, BackendError> {
     let policy = policy_of(config)?;
     match config.store.kind {
-        StoreKind::Embedded => open_embedded(config, policy),
-        StoreKind::Redis => open_redis(config, policy).await,
+        StoreKind::Embedded => open_embedded(config, policy, clock),
+        StoreKind::Redis => open_redis(config, policy, clock).await,
         StoreKind::Postgres => open_postgres(config, policy).await,
-        StoreKind::Foundationdb => open_foundationdb(config, policy).await,
+        StoreKind::Foundationdb => open_foundationdb(config, policy, clock).await,
     }
 }
 
@@ -83,24 +86,38 @@ fn policy_of(config: &Config) -> Result<Policy, BackendError> {
 pub async fn open_records(config: &Config) -> Result<Arc<dyn IdempotencyStore>, BackendError> {
     let policy = policy_of(config)?;
     Ok(match config.store.kind {
-        StoreKind::Embedded => embedded_store(config, policy, StoreKind::Embedded)?,
+        // An operator's command: the system's clock, as a server's.
+        StoreKind::Embedded => embedded_store(config, policy, StoreKind::Embedded, &SystemClock::shared())?,
         StoreKind::Redis => Arc::new(redis_store(config, policy).await?),
         StoreKind::Postgres => Arc::new(postgres_store(config, policy, "postgres")?),
-        StoreKind::Foundationdb => foundationdb_records(config, policy).await?,
+        StoreKind::Foundationdb => foundationdb_records(config, policy, &SystemClock::shared()).await?,
     })
 }
 
 #[cfg(feature = "foundationdb")]
-async fn foundationdb_records(config: &Config, policy: Policy) -> Result<Arc<dyn IdempotencyStore>, BackendError> {
-    Ok(foundationdb_store(config, policy).await?)
+async fn foundationdb_records(
+    config: &Config,
+    policy: Policy,
+    clock: &SharedClock,
+) -> Result<Arc<dyn IdempotencyStore>, BackendError> {
+    Ok(foundationdb_store(config, policy, clock).await?)
 }
 
 #[cfg(not(feature = "foundationdb"))]
-async fn foundationdb_records(_config: &Config, _policy: Policy) -> Result<Arc<dyn IdempotencyStore>, BackendError> {
+async fn foundationdb_records(
+    _config: &Config,
+    _policy: Policy,
+    _clock: &SharedClock,
+) -> Result<Arc<dyn IdempotencyStore>, BackendError> {
     Err(without_foundationdb())
 }
 
-fn embedded_store(config: &Config, policy: Policy, kind: StoreKind) -> Result<Arc<EmbeddedStore>, BackendError> {
+fn embedded_store(
+    config: &Config,
+    policy: Policy,
+    kind: StoreKind,
+    clock: &SharedClock,
+) -> Result<Arc<EmbeddedStore>, BackendError> {
     let embedded = &config.store.embedded;
     let durability = match embedded.durability {
         DurabilityConfig::SyncData => Durability::SyncData,
@@ -112,7 +129,7 @@ fn embedded_store(config: &Config, policy: Policy, kind: StoreKind) -> Result<Ar
         sizes: embedded.sizes(),
         ..EmbeddedConfig::new(&embedded.path)
     };
-    EmbeddedStore::open_embedded(&store_config, policy)
+    EmbeddedStore::open_embedded_with_clock(&store_config, policy, clock.clone())
         .map(Arc::new)
         .map_err(|source| BackendError::Store {
             kind: kind.name(),
@@ -120,8 +137,8 @@ fn embedded_store(config: &Config, policy: Policy, kind: StoreKind) -> Result<Ar
         })
 }
 
-fn open_embedded(config: &Config, policy: Policy) -> Result<Backends, BackendError> {
-    let store = embedded_store(config, policy, StoreKind::Embedded)?;
+fn open_embedded(config: &Config, policy: Policy, clock: &SharedClock) -> Result<Backends, BackendError> {
+    let store = embedded_store(config, policy, StoreKind::Embedded, clock)?;
     Ok(Backends {
         kind: StoreKind::Embedded,
         records: Arc::new(InstrumentedStore::new(store.clone())),
@@ -185,7 +202,7 @@ async fn redis_store(config: &Config, policy: Policy) -> Result<store_redis::Red
     Ok(store)
 }
 
-async fn open_redis(config: &Config, policy: Policy) -> Result<Backends, BackendError> {
+async fn open_redis(config: &Config, policy: Policy, clock: &SharedClock) -> Result<Backends, BackendError> {
     let store = redis_store(config, policy).await?;
     let records: Arc<dyn IdempotencyStore> = Arc::new(InstrumentedStore::new(Arc::new(store)));
     if config.store.labels_kind() == LabelsKind::Postgres {
@@ -201,7 +218,7 @@ async fn open_redis(config: &Config, policy: Policy) -> Result<Backends, Backend
             embedded: None,
         });
     }
-    let labels_store = embedded_store(config, policy, StoreKind::Redis)?;
+    let labels_store = embedded_store(config, policy, StoreKind::Redis, clock)?;
     tracing::warn!(
         "store.labels = \"embedded\": labels live in a local directory, so this instance must be the only \
          one on these Redis records; run several with store.labels = \"postgres\""
@@ -287,6 +304,7 @@ async fn open_postgres(config: &Config, policy: Policy) -> Result<Backends, Back
 async fn foundationdb_store(
     config: &Config,
     policy: Policy,
+    clock: &SharedClock,
 ) -> Result<Arc<store_fdb::FoundationDbStore>, BackendError> {
     use store_fdb::{FoundationDbConfig, FoundationDbNetwork, FoundationDbStore, KeyPrefix};
     let settings = &config.store.foundationdb;
@@ -302,13 +320,13 @@ async fn foundationdb_store(
     };
     FoundationDbStore::open_foundationdb(network, &fdb_config, policy)
         .await
-        .map(Arc::new)
+        .map(|store| Arc::new(store.with_clock(clock.clone())))
         .map_err(store_error)
 }
 
 #[cfg(feature = "foundationdb")]
-async fn open_foundationdb(config: &Config, policy: Policy) -> Result<Backends, BackendError> {
-    let store = foundationdb_store(config, policy).await?;
+async fn open_foundationdb(config: &Config, policy: Policy, clock: &SharedClock) -> Result<Backends, BackendError> {
+    let store = foundationdb_store(config, policy, clock).await?;
     Ok(Backends {
         kind: StoreKind::Foundationdb,
         records: Arc::new(InstrumentedStore::new(store.clone())),
@@ -319,7 +337,7 @@ async fn open_foundationdb(config: &Config, policy: Policy) -> Result<Backends, 
 }
 
 #[cfg(not(feature = "foundationdb"))]
-async fn open_foundationdb(_config: &Config, _policy: Policy) -> Result<Backends, BackendError> {
+async fn open_foundationdb(_config: &Config, _policy: Policy, _clock: &SharedClock) -> Result<Backends, BackendError> {
     Err(without_foundationdb())
 }
 

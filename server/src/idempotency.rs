@@ -10,7 +10,10 @@
 //!   work that outlives its client still counts against the in-flight cap
 //!   and admission control;
 //! - metric names: idem-http's default prefix `idem_`, which the alert
-//!   rules and the dashboard use.
+//!   rules and the dashboard use;
+//! - the clock: the server's one [`SharedClock`], the one the embedded and
+//!   FoundationDB stores read (ARCHITECTURE.md, "Which clock decides lease
+//!   expiry").
 
 pub use idem_http::{
     Attempt, Begun, CLAIM_SENDS_MAX, FinishPolicy, Idempotency, IdempotencyLayer, IdempotencyService, PendingAttempt,
@@ -22,14 +25,20 @@ use crate::error::ApiError;
 use crate::limits::InFlightSlot;
 use axum::response::IntoResponse;
 use std::sync::Arc;
-use store_core::IdempotencyStore;
+use store_core::{IdempotencyStore, SharedClock};
 use tokio_util::task::TaskTracker;
 
 /// The middleware over `store` as the server runs it: attempts on `tasks`
 /// (shutdown waits for them), `Retry-After: store_retry_after_s` during
-/// store outages.
-pub fn configure(store: Arc<dyn IdempotencyStore>, tasks: TaskTracker, store_retry_after_s: u64) -> Idempotency {
+/// store outages, time read from `clock` (the one `store` reads).
+pub fn configure(
+    store: Arc<dyn IdempotencyStore>,
+    tasks: TaskTracker,
+    store_retry_after_s: u64,
+    clock: SharedClock,
+) -> Idempotency {
     Idempotency::builder(store, BearerCaller)
+        .clock(clock)
         .tasks(tasks)
         .store_retry_after_s(store_retry_after_s)
         .render_errors_with(|error| ApiError::from(error).into_response())

@@ -2,7 +2,11 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-/// Milliseconds since the Unix epoch by this process's clock.
+/// Milliseconds since the Unix epoch by the system's clock: a label's
+/// `created_at`, which says when the label was bought in real time. It is
+/// not the injected `store_core::Clock` the stores and the idempotency
+/// layer read (`App::build_with_clock`): nothing decides a lease or a
+/// retention by it, so a test moving that clock need not move this one.
 pub fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)

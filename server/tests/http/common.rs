@@ -8,6 +8,7 @@ use server::config::{Config, token_sha256};
 use server::{App, RunningServer};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
+use store_core::{SharedClock, SystemClock};
 use tempfile::TempDir;
 use tokio::net::TcpListener;
 
@@ -40,6 +41,9 @@ pub struct Options {
     pub extra_env: Vec<(String, String)>,
     /// The CA the test client trusts, for a server with `[server.tls]`.
     pub client_ca_file: Option<std::path::PathBuf>,
+    /// The clock the stores and the idempotency layer read
+    /// (`App::build_with_clock`); the system's when `None`.
+    pub clock: Option<SharedClock>,
 }
 
 impl Default for Options {
@@ -54,6 +58,7 @@ impl Default for Options {
             shutdown_readiness_delay_ms: 0,
             extra_env: Vec::new(),
             client_ca_file: None,
+            clock: None,
         }
     }
 }
@@ -168,7 +173,8 @@ impl TestServer {
         }
         env.extend(options.extra_env.iter().cloned());
         let config = Config::load(None, env).expect("test config");
-        let app = App::build(config).await.expect("app starts");
+        let clock = options.clock.clone().unwrap_or_else(SystemClock::shared);
+        let app = App::build_with_clock(config, clock).await.expect("app starts");
         let carrier = options
             .carrier_url
             .clone()

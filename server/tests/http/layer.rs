@@ -21,13 +21,15 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 use store_core::{
     CallerId, ClaimOutcome, ClaimRequest, Fenced, ForgetOutcome, HeldLease, IdempotencyKey, IdempotencyStore,
-    KeyDigest, Policy, PurgeReport, Record, RecoveryPoint, SavedResponse, StoreError,
+    KeyDigest, ManualClock, Policy, PurgeReport, Record, RecoveryPoint, SavedResponse, SharedClock, StoreError,
+    SystemClock,
 };
 use store_fdb::{EmbeddedConfig, EmbeddedStore};
+use tokio::sync::Notify;
 use tokio_util::task::TaskTracker;
 
 /// What the test route does on its n-th call (0-based).
-type Behaviour = fn(usize) -> BoxedAnswer;
+type Behaviour = Arc<dyn Fn(usize) -> BoxedAnswer + Send + Sync>;
 type BoxedAnswer = std::pin::Pin<Box<dyn std::future::Future<Output = Response> + Send>>;
 
 #[derive(Clone)]
@@ -49,23 +51,37 @@ async fn counted_json_route(State(state): State<RouteState>, Json(_body): Json<s
 }
 
 /// A server with one route, `POST /v1/orders`, wearing the layer.
-async fn serve_route(store: Arc<dyn IdempotencyStore>, behaviour: Behaviour) -> (String, Arc<AtomicUsize>) {
+async fn serve_route(
+    store: Arc<dyn IdempotencyStore>,
+    behaviour: impl Fn(usize) -> BoxedAnswer + Send + Sync + 'static,
+) -> (String, Arc<AtomicUsize>) {
     serve_route_with(store, behaviour, FinishPolicy::default(), false).await
 }
 
 /// `serve_route` with a finishing policy, and optionally a JSON route.
 async fn serve_route_with(
     store: Arc<dyn IdempotencyStore>,
-    behaviour: Behaviour,
+    behaviour: impl Fn(usize) -> BoxedAnswer + Send + Sync + 'static,
     policy: FinishPolicy,
     json: bool,
 ) -> (String, Arc<AtomicUsize>) {
-    let idempotency = server::idempotency::configure(store, TaskTracker::new(), 1);
+    serve_route_on_clock(store, SystemClock::shared(), behaviour, policy, json).await
+}
+
+/// `serve_route_with`, the layer reading `clock` (the one `store` reads).
+async fn serve_route_on_clock(
+    store: Arc<dyn IdempotencyStore>,
+    clock: SharedClock,
+    behaviour: impl Fn(usize) -> BoxedAnswer + Send + Sync + 'static,
+    policy: FinishPolicy,
+    json: bool,
+) -> (String, Arc<AtomicUsize>) {
+    let idempotency = server::idempotency::configure(store, TaskTracker::new(), 1, clock);
     let callers = Callers::from_config(&[CallerConfig::new("alice", token_sha256(ALICE))]).unwrap();
     let calls = Arc::new(AtomicUsize::new(0));
     let state = RouteState {
         calls: calls.clone(),
-        behaviour,
+        behaviour: Arc::new(behaviour),
     };
     let layer = IdempotencyLayer::new(idempotency, 1_024).with_finish_policy(policy);
     let route = if json {
@@ -297,7 +313,10 @@ fn created_with_a_long_location(call: usize) -> BoxedAnswer {
 /// instead, and every repeat gets it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_answer_that_cannot_be_saved_is_saved_as_response_not_saved_and_never_runs_again() {
-    for behaviour in [created_too_large as Behaviour, created_with_a_long_location] {
+    for behaviour in [
+        created_too_large as fn(usize) -> BoxedAnswer,
+        created_with_a_long_location,
+    ] {
         let (base, calls) = serve_route(embedded(Policy::default()), behaviour).await;
         let key = fresh_key();
         let first = post_order(&base, &key, "{}").await;
@@ -322,32 +341,58 @@ async fn an_answer_that_cannot_be_saved_is_saved_as_response_not_saved_and_never
     }
 }
 
-/// Call 0 works for longer than the lease; call 1 (the takeover) answers at once.
-fn slow_then_fast(call: usize) -> BoxedAnswer {
-    Box::pin(async move {
-        if call == 0 {
-            tokio::time::sleep(Duration::from_millis(700)).await;
-        }
-        created(call).await
-    })
+/// A fixed instant years before any real reading of the system's clock: on
+/// a manual clock started here, the store stamps records that a layer
+/// reading the system's clock instead would take for long expired.
+const MANUAL_CLOCK_START_MS: u64 = 1_000_000_000_000;
+
+/// Call 0 says it started, then works until the test lets it go (past its
+/// lease, on the test's clock); call 1 (the takeover) answers at once.
+fn slow_then_fast(started: Arc<Notify>, let_go: Arc<Notify>) -> impl Fn(usize) -> BoxedAnswer + Send + Sync {
+    move |call| {
+        let (started, let_go) = (started.clone(), let_go.clone());
+        Box::pin(async move {
+            if call == 0 {
+                started.notify_one();
+                let_go.notified().await;
+            }
+            created(call).await
+        })
+    }
 }
 
 /// An attempt whose lease was taken over must not save its answer: it gets
 /// the winner's saved answer (a replay), and the lease-lost counter moves.
+/// The lease ends by moving the clock the store and the layer share (the
+/// server's `configure` wires it), not by sleeping past it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_lease_answers_with_the_winners_response() {
     let handle = server::metrics::prometheus_handle().unwrap();
     let lost_before = metric_value(&handle.render(), "idem_lease_lost_completions_total", &[]);
     let takeovers_before = metric_value(&handle.render(), "idem_lease_takeovers_total", &[]);
-    let policy = Policy::new(200, 60_000, 0).unwrap();
-    let (base, calls) = serve_route(embedded(policy), slow_then_fast).await;
+    let policy = Policy::default();
+    let clock = ManualClock::starting_at(MANUAL_CLOCK_START_MS);
+    let store = EmbeddedStore::open_embedded_with_clock(&EmbeddedConfig::temporary(), policy, clock.clone()).unwrap();
+    let (started, let_go) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+    let behaviour = slow_then_fast(started.clone(), let_go.clone());
+    let (base, calls) = serve_route_on_clock(
+        Arc::new(store),
+        clock.clone(),
+        behaviour,
+        FinishPolicy::default(),
+        false,
+    )
+    .await;
     let key = fresh_key();
-    let slow = post_order(&base, &key, "{}");
-    let takeover = async {
-        tokio::time::sleep(Duration::from_millis(350)).await;
-        post_order(&base, &key, "{}").await
-    };
-    let (slow, takeover) = tokio::join!(slow, takeover);
+    let slow = tokio::spawn({
+        let (base, key) = (base.clone(), key.clone());
+        async move { post_order(&base, &key, "{}").await }
+    });
+    started.notified().await;
+    clock.advance_ms(policy.lease_ms() + 1);
+    let takeover = post_order(&base, &key, "{}").await;
+    let_go.notify_one();
+    let slow = slow.await.unwrap();
     assert_eq!(takeover.status, 201);
     assert_eq!(takeover.text(), r#"{"order":1}"#);
     assert_eq!(slow.status, 201, "{}", slow.text());

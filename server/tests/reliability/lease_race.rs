@@ -15,6 +15,11 @@
 //!
 //! At the label store: a stale lease's commit is refused whether it comes
 //! before or after the winner's, on every backend.
+//!
+//! A lease runs out by moving the clock on the embedded store, which reads
+//! the clock the test gives it; Redis and PostgreSQL decide by their
+//! servers' clocks, so there the test waits (ARCHITECTURE.md, "Which clock
+//! decides lease expiry").
 
 use crate::support::backends::{Backend, BackendSetup};
 use crate::support::service::{Service, ServiceOptions};
@@ -24,18 +29,60 @@ use crate::support::{
 };
 use server::config::SimulatorConfig;
 use server::labels::{Label, ShippingService, StoredLabel};
-use std::time::Duration;
-use store_core::{CallerId, ClaimOutcome, ClaimRequest, Fenced, Fingerprint, HeldLease, IdempotencyKey, Policy};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use store_core::{
+    CallerId, ClaimOutcome, ClaimRequest, Fenced, Fingerprint, HeldLease, IdempotencyKey, ManualClock, Policy,
+    SharedClock, SystemClock,
+};
 
 /// Shorter than the carrier: the misconfiguration under test.
 const LEASE_MS: u64 = 300;
 /// The simulated carrier's latency, three leases long.
 const CARRIER_LATENCY_MS: u64 = 900;
-/// When retry B arrives: after A's lease ended, while A waits on the carrier.
+/// When retry B arrives on a backend whose server's clock decides: after
+/// A's lease ended, while A waits on the carrier.
 const TAKEOVER_AT_MS: u64 = 450;
+/// Longest wait for attempt A to reach the carrier.
+const CARRIER_REACHED_WAIT_MS_MAX: u64 = 10_000;
 
-fn racing_options() -> ServiceOptions {
+/// How a test's leases run out.
+enum LeaseTime {
+    /// The store reads this clock: the test moves it.
+    Manual(Arc<ManualClock>),
+    /// The store's server decides by its own clock: the test waits.
+    Wall,
+}
+
+impl LeaseTime {
+    fn for_backend(backend: Backend) -> Self {
+        if backend == Backend::Embedded {
+            Self::Manual(ManualClock::starting_now())
+        } else {
+            Self::Wall
+        }
+    }
+
+    /// The clock the service's stores and idempotency layer read.
+    fn clock(&self) -> SharedClock {
+        match self {
+            Self::Manual(clock) => clock.clone(),
+            Self::Wall => SystemClock::shared(),
+        }
+    }
+
+    /// Lets `ms` pass for the store's leases.
+    async fn pass(&self, ms: u64) {
+        match self {
+            Self::Manual(clock) => clock.advance_ms(ms),
+            Self::Wall => tokio::time::sleep(Duration::from_millis(ms)).await,
+        }
+    }
+}
+
+fn racing_options(clock: SharedClock) -> ServiceOptions {
     ServiceOptions {
+        clock,
         policy: Policy::new(LEASE_MS, 60_000, 0).expect("policy"),
         carrier_timeout_ms: 5_000,
         simulator: SimulatorConfig {
@@ -55,9 +102,30 @@ async fn lease_lost_counters(http: &reqwest::Client, base: &str) -> (f64, f64) {
     )
 }
 
+/// Returns once A's lease has run out while A waits on the carrier: on a
+/// moved clock, as soon as A reached the carrier; on a server's clock, at
+/// `TAKEOVER_AT_MS`.
+async fn until_a_waits_past_its_lease(lease_time: &LeaseTime, service: &Service, http: &reqwest::Client) {
+    match lease_time {
+        LeaseTime::Manual(_) => {
+            let started = Instant::now();
+            while service.carrier_stats(http).await.requests_total == 0 {
+                assert!(
+                    started.elapsed() < Duration::from_millis(CARRIER_REACHED_WAIT_MS_MAX),
+                    "attempt A never reached the carrier"
+                );
+                tokio::task::yield_now().await;
+            }
+            lease_time.pass(LEASE_MS + 1).await;
+        }
+        LeaseTime::Wall => lease_time.pass(TAKEOVER_AT_MS).await,
+    }
+}
+
 async fn slow_carrier_race(backend: Backend) {
     let setup = BackendSetup::start(backend).await;
-    let service = Service::start(&setup, racing_options()).await;
+    let lease_time = LeaseTime::for_backend(backend);
+    let service = Service::start(&setup, racing_options(lease_time.clock())).await;
     let http = client();
     let order_id = unique_order_id();
     let (key, body) = (derived_key(order_id, 1), label_body(order_id, 1));
@@ -65,7 +133,7 @@ async fn slow_carrier_race(backend: Backend) {
     let post = LabelPost::new(&key, &body);
     let attempt_a = post.send(&http, &service.base);
     let retry_b = async {
-        tokio::time::sleep(Duration::from_millis(TAKEOVER_AT_MS)).await;
+        until_a_waits_past_its_lease(&lease_time, &service, &http).await;
         LabelPost::new(&key, &body).send(&http, &service.base).await
     };
     let (a, b) = tokio::join!(attempt_a, retry_b);
@@ -155,8 +223,11 @@ async fn claim(service: &Service, request: &ClaimRequest) -> HeldLease {
 /// before B's (`stale_first`) or after it.
 async fn stale_commit_is_refused(backend: Backend, stale_first: bool) {
     let setup = BackendSetup::start(backend).await;
+    let lease_time = LeaseTime::for_backend(backend);
+    let lease_ms = 100;
     let options = ServiceOptions {
-        policy: Policy::new(100, 60_000, 0).expect("policy"),
+        policy: Policy::new(lease_ms, 60_000, 0).expect("policy"),
+        clock: lease_time.clock(),
         ..ServiceOptions::default()
     };
     let service = Service::start(&setup, options).await;
@@ -165,7 +236,7 @@ async fn stale_commit_is_refused(backend: Backend, stale_first: bool) {
     let caller = CallerId::new(ALICE_ID).expect("caller");
     let fingerprint = Fingerprint::of_request("POST", "/v1/labels", label_body(order_id, 1).as_bytes());
     let lease_a = claim(&service, &ClaimRequest::new(caller.clone(), key.clone(), fingerprint)).await;
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    lease_time.pass(lease_ms + 50).await;
     let lease_b = claim(&service, &ClaimRequest::new(caller, key, fingerprint)).await;
     let label_a = stored_label(&lease_a, order_id, format!("lbl_stale_{order_id}"));
     let label_b = stored_label(&lease_b, order_id, format!("lbl_winner_{order_id}"));

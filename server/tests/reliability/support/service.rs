@@ -19,7 +19,7 @@ use server::limits::Limits;
 use server::metrics::prometheus_handle;
 use std::sync::Arc;
 use std::time::Duration;
-use store_core::{IdempotencyStore, Policy};
+use store_core::{IdempotencyStore, Policy, SharedClock, SystemClock};
 use store_fdb::{Durability, EmbeddedConfig, EmbeddedStore, FaultPlan};
 use store_postgres::{PostgresConfig, PostgresStore};
 use store_redis::{RedisConfig, RedisStore};
@@ -37,6 +37,9 @@ pub struct ServiceOptions {
     pub request_timeout_ms: u64,
     pub redis_response_timeout_ms: u64,
     pub admission: AdmissionConfig,
+    /// The clock the embedded store and the idempotency layer read; Redis
+    /// and PostgreSQL records ignore it (their servers' clocks decide).
+    pub clock: SharedClock,
 }
 
 impl Default for ServiceOptions {
@@ -54,6 +57,7 @@ impl Default for ServiceOptions {
             request_timeout_ms: 25_000,
             redis_response_timeout_ms: 2_000,
             admission: AdmissionConfig::default(),
+            clock: SystemClock::shared(),
         }
     }
 }
@@ -91,7 +95,7 @@ impl Service {
         )
         .expect("carrier client");
         let state = AppState {
-            idempotency: idempotency::configure(records.clone(), TaskTracker::new(), 1),
+            idempotency: idempotency::configure(records.clone(), TaskTracker::new(), 1, options.clock.clone()),
             labels: labels.clone(),
             carrier: Arc::new(client),
             metrics: prometheus_handle().expect("metrics recorder"),
@@ -200,7 +204,10 @@ async fn open_stores(setup: &BackendSetup, options: &ServiceOptions) -> Stores {
     };
     match setup.backend {
         Backend::Embedded => {
-            let store = Arc::new(EmbeddedStore::open_embedded(&embedded_config, options.policy).expect("embedded"));
+            let store = Arc::new(
+                EmbeddedStore::open_embedded_with_clock(&embedded_config, options.policy, options.clock.clone())
+                    .expect("embedded"),
+            );
             let records: Arc<dyn IdempotencyStore> = Arc::new(InstrumentedStore::new(store.clone()));
             let labels = Arc::new(FdbLabels::new(store.clone()));
             (records, labels, Some(store.clone()), Audit::Embedded(store))
@@ -213,7 +220,10 @@ async fn open_stores(setup: &BackendSetup, options: &ServiceOptions) -> Stores {
             };
             let redis_store = RedisStore::connect(config, options.policy).await.expect("redis store");
             let records: Arc<dyn IdempotencyStore> = Arc::new(InstrumentedStore::new(Arc::new(redis_store)));
-            let store = Arc::new(EmbeddedStore::open_embedded(&embedded_config, options.policy).expect("embedded"));
+            let store = Arc::new(
+                EmbeddedStore::open_embedded_with_clock(&embedded_config, options.policy, options.clock.clone())
+                    .expect("embedded"),
+            );
             let labels = Arc::new(SplitLabels::new(records.clone(), FdbLabels::new(store.clone())));
             (records, labels, Some(store.clone()), Audit::Embedded(store))
         }
@@ -227,7 +237,8 @@ async fn open_stores(setup: &BackendSetup, options: &ServiceOptions) -> Stores {
         }
         #[cfg(feature = "foundationdb")]
         Backend::Foundationdb => {
-            let store = Arc::new(super::backends::open_foundationdb(setup, options.policy).await);
+            let store = super::backends::open_foundationdb(setup, options.policy).await;
+            let store = Arc::new(store.with_clock(options.clock.clone()));
             let records: Arc<dyn IdempotencyStore> = Arc::new(InstrumentedStore::new(store.clone()));
             let labels = Arc::new(FdbLabels::new(store.clone()));
             (records, labels, None, Audit::Foundationdb(store))
