@@ -11,11 +11,12 @@ use crate::saved;
 use axum::http::Extensions;
 use axum::response::Response;
 use std::any::Any;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 use store_core::{
     CallerId, ClaimOutcome, ClaimRequest, Fingerprint, HeldLease, IdempotencyKey, IdempotencyStore, SharedClock,
-    StoreError, SystemClock,
+    StoreError, SystemClock, WaitLimits, WaitedClaim, claim_waiting,
 };
 use tokio_util::task::TaskTracker;
 
@@ -39,6 +40,15 @@ pub const STORE_RETRY_AFTER_S_DEFAULT: u64 = 1;
 /// Longest `Retry-After` accepted for store outages, in seconds.
 pub const STORE_RETRY_AFTER_S_MAX: u64 = 3_600;
 
+/// Longest wait a request's `Prefer: wait=N` is granted unless the
+/// application chooses another cap, in seconds (docs/design.md#waiting).
+/// A waiter costs a parked future, not a worker, but its client holds a
+/// connection open: ten seconds covers a slow first attempt and stays
+/// under common client and proxy timeouts.
+pub const WAIT_CAP_S_DEFAULT: u64 = 10;
+/// Largest cap accepted for `Prefer: wait`, in seconds.
+pub const WAIT_CAP_S_MAX: u64 = 300;
+
 /// The shared part of the layer and the handler-level API: the store, the
 /// tracker of attempts in flight (shutdown waits for them), the clock, and
 /// the application's choices (who the caller is, how errors look, the
@@ -57,15 +67,17 @@ struct Inner {
     render: Arc<dyn RenderError>,
     metric_names: MetricNames,
     work_guards: Vec<TakeWorkGuard>,
+    wait_cap_s: u64,
 }
 
-/// Clones one request extension, type-erased, for the task to hold.
-type TakeWorkGuard = fn(&Extensions) -> Option<Box<dyn Any + Send>>;
+/// Takes one request extension out of the request, type-erased, for the
+/// task to hold: taken, not cloned, so that dropping it while the request
+/// waits (`Prefer: wait`) frees the slot it stands for.
+type TakeWorkGuard = fn(&mut Extensions) -> Option<Box<dyn Any + Send>>;
 
-fn take_work_guard<T: Clone + Send + Sync + 'static>(extensions: &Extensions) -> Option<Box<dyn Any + Send>> {
+fn take_work_guard<T: Clone + Send + Sync + 'static>(extensions: &mut Extensions) -> Option<Box<dyn Any + Send>> {
     extensions
-        .get::<T>()
-        .cloned()
+        .remove::<T>()
         .map(|guard| Box::new(guard) as Box<dyn Any + Send>)
 }
 
@@ -79,6 +91,8 @@ pub struct IdempotencyBuilder {
     render: Arc<dyn RenderError>,
     metric_names: MetricNames,
     work_guards: Vec<TakeWorkGuard>,
+    wait_cap_s: u64,
+    wait_limits: Option<WaitLimits>,
 }
 
 impl IdempotencyBuilder {
@@ -143,8 +157,35 @@ impl IdempotencyBuilder {
         self
     }
 
+    /// The longest wait granted to a request's `Prefer: wait=N`
+    /// (RFC 7240): a request that finds its key started by another attempt
+    /// waits up to `min(N, cap)` seconds for it to end, then gets its saved
+    /// answer (or becomes the attempt, if the other one released the key);
+    /// else 409 as without waiting (docs/design.md#waiting). 0 turns waiting
+    /// off. Clamped to [`WAIT_CAP_S_MAX`]; the default is
+    /// [`WAIT_CAP_S_DEFAULT`]. Waiting needs a store that reports record
+    /// changes (`IdempotencyStore::record_changes`); over one that does not,
+    /// every request gets 409 at once.
+    pub fn wait_cap_s(mut self, seconds: u64) -> Self {
+        self.wait_cap_s = seconds.min(WAIT_CAP_S_MAX);
+        self
+    }
+
+    /// The caps on waiters per key and per store instance and the fallback
+    /// poll interval, set on the store's change hub when built (the default:
+    /// `WaitLimits::default()`, the hub's own). Past a cap a waiter gets 409
+    /// at once. The hub belongs to the store, so every `Idempotency` over the
+    /// same store shares them.
+    pub fn wait_limits(mut self, limits: WaitLimits) -> Self {
+        self.wait_limits = Some(limits);
+        self
+    }
+
     /// The configured [`Idempotency`].
     pub fn build(self) -> Idempotency {
+        if let (Some(limits), Some(hub)) = (self.wait_limits, self.store.record_changes()) {
+            hub.set_limits(limits);
+        }
         Idempotency {
             inner: Arc::new(Inner {
                 store: self.store,
@@ -155,6 +196,7 @@ impl IdempotencyBuilder {
                 render: self.render,
                 metric_names: self.metric_names,
                 work_guards: self.work_guards,
+                wait_cap_s: self.wait_cap_s,
             }),
         }
     }
@@ -166,6 +208,22 @@ pub enum Begun {
     Acquired(Attempt),
     /// The key completed before with the same request: send this.
     Replay(Response),
+}
+
+/// What claiming a key while asking to wait gave: the claim's result, and
+/// the wait applied when the request did wait (the `Preference-Applied`).
+pub(crate) struct BegunWaiting {
+    pub(crate) begun: Result<Begun, IdempotencyError>,
+    pub(crate) applied_wait_s: Option<u64>,
+}
+
+impl BegunWaiting {
+    fn without_waiting(begun: Result<Begun, IdempotencyError>) -> Self {
+        Self {
+            begun,
+            applied_wait_s: None,
+        }
+    }
 }
 
 impl Idempotency {
@@ -182,6 +240,8 @@ impl Idempotency {
             render: Arc::new(ProblemJson),
             metric_names: MetricNames::default(),
             work_guards: Vec::new(),
+            wait_cap_s: WAIT_CAP_S_DEFAULT,
+            wait_limits: None,
         }
     }
 
@@ -204,6 +264,7 @@ impl Idempotency {
                 render: inner.render.clone(),
                 metric_names: inner.metric_names.clone(),
                 work_guards: inner.work_guards.clone(),
+                wait_cap_s: inner.wait_cap_s,
             }),
         }
     }
@@ -233,13 +294,19 @@ impl Idempotency {
         self.inner.caller_identity.caller(request)
     }
 
-    /// The guards the application asked the attempt's task to hold.
-    pub(crate) fn work_guards(&self, extensions: &Extensions) -> Vec<Box<dyn Any + Send>> {
+    /// The guards the application asked the attempt's task to hold, taken
+    /// out of the request.
+    pub(crate) fn work_guards(&self, extensions: &mut Extensions) -> Vec<Box<dyn Any + Send>> {
         self.inner
             .work_guards
             .iter()
             .filter_map(|take| take(extensions))
             .collect()
+    }
+
+    /// The longest wait granted to `Prefer: wait` ([`IdempotencyBuilder::wait_cap_s`]).
+    pub fn wait_cap_s(&self) -> u64 {
+        self.inner.wait_cap_s
     }
 
     /// The response for `error`, rendered the application's way.
@@ -257,6 +324,71 @@ impl Idempotency {
         // One token for every send: a re-sent claim is the same attempt.
         let request = ClaimRequest::new(caller, key, fingerprint);
         let outcome = self.claim_resending(&request).await?;
+        self.decided(outcome, &request, fingerprint)
+    }
+
+    /// Claims (caller, key) as [`Idempotency::begin`] does, and when another
+    /// attempt holds the key, waits up to `min(wait_s, cap)` seconds for it
+    /// to end (RFC 7240 `Prefer: wait`, docs/design.md#waiting).
+    /// `before_waiting` runs once, when the wait starts: the layer drops the
+    /// work slot there, so a waiter holds no worker. `hung_up` ends the wait
+    /// (never a claim) when the client is gone.
+    pub(crate) async fn begin_waiting(
+        &self,
+        caller: CallerId,
+        key: IdempotencyKey,
+        fingerprint: Fingerprint,
+        wait_s: u64,
+        before_waiting: impl FnOnce(),
+        hung_up: impl Future<Output = ()>,
+    ) -> BegunWaiting {
+        let request = ClaimRequest::new(caller, key, fingerprint);
+        let outcome = match self.claim_resending(&request).await {
+            Ok(outcome) => outcome,
+            Err(error) => return BegunWaiting::without_waiting(Err(error)),
+        };
+        let applied_wait_s = wait_s.min(self.inner.wait_cap_s);
+        let ClaimOutcome::InProgress { retry_after_ms } = outcome else {
+            return BegunWaiting::without_waiting(self.decided(outcome, &request, fingerprint));
+        };
+        if applied_wait_s == 0 || self.store().record_changes().is_none() {
+            return BegunWaiting::without_waiting(Err(self.in_progress(retry_after_ms)));
+        }
+        before_waiting();
+        let until = tokio::time::Instant::now() + Duration::from_secs(applied_wait_s);
+        let waited = match claim_waiting(self.store().as_ref(), &request, until, hung_up).await {
+            Ok(waited) => waited,
+            Err(error) => {
+                if error.is_retryable() {
+                    // The claim's reply was lost: it may hold a lease no one
+                    // holds, as in `claim_resending`.
+                    self.release_orphan_in_background(&request);
+                }
+                return BegunWaiting::without_waiting(Err(self.store_error(&error)));
+            }
+        };
+        let begun = match waited {
+            WaitedClaim::Decided(ClaimOutcome::InProgress { retry_after_ms })
+            | WaitedClaim::StillInProgress { retry_after_ms } => Err(self.in_progress(retry_after_ms)),
+            WaitedClaim::Decided(outcome) => self.decided(outcome, &request, fingerprint),
+            WaitedClaim::Refused { retry_after_ms, .. } | WaitedClaim::Stopped { retry_after_ms } => {
+                // Refused (a waiter cap) or gone: not waited, so nothing applied.
+                return BegunWaiting::without_waiting(Err(self.in_progress(retry_after_ms)));
+            }
+        };
+        BegunWaiting {
+            begun,
+            applied_wait_s: Some(applied_wait_s),
+        }
+    }
+
+    /// The answer to a claim that is no longer in progress (or is, for 409).
+    fn decided(
+        &self,
+        outcome: ClaimOutcome,
+        request: &ClaimRequest,
+        fingerprint: Fingerprint,
+    ) -> Result<Begun, IdempotencyError> {
         match outcome {
             ClaimOutcome::Acquired(acquired) => {
                 if acquired.takeover {
@@ -278,9 +410,9 @@ impl Idempotency {
         }
     }
 
-    /// The answer while another attempt holds the lease: 409 now. The one
-    /// place that decides it, so a policy of waiting for the other attempt
-    /// (RFC 7240 `Prefer: wait`) fits here.
+    /// The answer while another attempt holds the lease: 409. A request
+    /// that asked to wait (RFC 7240 `Prefer: wait`) gets it only after its
+    /// wait ([`Idempotency::begin_waiting`]).
     ///
     /// "Wait briefly" (the specification's status table): the first
     /// attempt usually ends in milliseconds, and the lease's end is only the

@@ -7,7 +7,10 @@
 //! 2. reads the `Idempotency-Key` header (400 missing / invalid),
 //! 3. reads the body up to the limit (413),
 //! 4. fingerprints method, path and body, and claims the key: replay,
-//!    409 with `Retry-After`, 422, or 503 when the store is down,
+//!    409 with `Retry-After`, 422, or 503 when the store is down; a request
+//!    with `Prefer: wait=N` that finds the key in progress first waits up to
+//!    `min(N, cap)` seconds for the other attempt to end, holding no work
+//!    slot meanwhile (docs/design.md#waiting),
 //! 5. runs the route with the [`Attempt`] in the request's extensions, and
 //!    finishes the attempt by the route's answer and the layer's
 //!    [`FinishPolicy`] unless the route took it (the handler-level API).
@@ -31,16 +34,19 @@ use crate::error::IdempotencyError;
 use crate::idempotency::{Begun, Idempotency};
 use crate::key_header::idempotency_key;
 use crate::policy::FinishPolicy;
+use crate::prefer::{PREFERENCE_APPLIED_HEADER, prefer_wait_seconds};
 use axum::body::Body;
 use axum::extract::Request;
-use axum::http::{HeaderMap, header};
+use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::Response;
 use futures::future::BoxFuture;
 use http_body_util::BodyExt;
+use std::any::Any;
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use store_core::{CallerId, Fingerprint, IdempotencyKey};
+use tokio_util::sync::CancellationToken;
 use tower::{Layer, Service, ServiceExt};
 use tracing::Instrument;
 
@@ -116,28 +122,38 @@ where
         Box::pin(async move {
             // Steps 1 to 3 in the request's own future: cut off by the
             // request budget or a hang-up, they leave nothing behind.
-            let prepared = match prepare(&idempotency, body_bytes_max, request).await {
+            let mut prepared = match prepare(&idempotency, body_bytes_max, request).await {
                 Ok(prepared) => prepared,
                 Err(error) => return Ok(idempotency.render(error)),
             };
             // The task keeps what the application asked it to hold (its
             // place under a cap on work in flight) until its work is done,
-            // even after the client hung up.
-            let guards = idempotency.work_guards(prepared.request.extensions());
+            // even after the client hung up; a waiter drops it while waiting.
+            let guards = idempotency.work_guards(prepared.request.extensions_mut());
+            // Cancelled when this future ends or is dropped (the client hung
+            // up): a waiting task then stops waiting.
+            let hung_up = CancellationToken::new();
+            let _hang_up_on_drop = hung_up.clone().drop_guard();
             let task_idempotency = idempotency.clone();
             // In the request's span, so its log lines carry the request id.
             let task = idempotency.tasks().clone().spawn(
                 async move {
-                    let _guards = guards;
                     let idempotency = task_idempotency;
-                    match claim(&idempotency, prepared).await {
+                    let (claimed, applied_wait_s, _guards) = claim(&idempotency, prepared, guards, hung_up).await;
+                    let mut response = match claimed {
                         Ok(Claimed::Run(claimed)) => {
                             let (attempt, request) = *claimed;
-                            run_route(attempt, inner, request, &finish_policy).await
+                            return run_route(attempt, inner, request, &finish_policy).await;
                         }
                         Ok(Claimed::Replay(response)) => response,
                         Err(error) => idempotency.render(error),
+                    };
+                    if let Some(seconds) = applied_wait_s
+                        && let Ok(applied) = HeaderValue::try_from(format!("wait={seconds}"))
+                    {
+                        response.headers_mut().insert(PREFERENCE_APPLIED_HEADER, applied);
                     }
+                    response
                 }
                 .instrument(tracing::Span::current()),
             );
@@ -158,6 +174,8 @@ struct Prepared {
     fingerprint: Fingerprint,
     /// The request again, its body now the bytes read.
     request: Request,
+    /// Seconds its `Prefer: wait=N` asked to wait, if it asked.
+    wait_s: Option<u64>,
 }
 
 enum Claimed {
@@ -181,26 +199,63 @@ async fn prepare(
     let key = idempotency_key(&parts.headers)?;
     let bytes = read_body(&parts.headers, body, body_bytes_max).await?;
     let fingerprint = Fingerprint::of_request(parts.method.as_str(), parts.uri.path(), &bytes);
+    let wait_s = prefer_wait_seconds(&parts.headers);
     Ok(Prepared {
         caller,
         key,
         fingerprint,
         request: Request::from_parts(parts, Body::from(bytes)),
+        wait_s,
     })
 }
 
-/// Step 4: claim the key.
-async fn claim(idempotency: &Idempotency, prepared: Prepared) -> Result<Claimed, IdempotencyError> {
+/// The work guards a task holds; emptied while it waits.
+type WorkGuards = Vec<Box<dyn Any + Send>>;
+
+/// Step 4: claim the key, waiting if the request asked to. Gives back the
+/// wait applied (for `Preference-Applied`) and the guards still held: none
+/// once the request waited, so a waiter that becomes the attempt runs
+/// without the slot (docs/design.md#waiting: a waiter holds no work slot).
+async fn claim(
+    idempotency: &Idempotency,
+    prepared: Prepared,
+    guards: WorkGuards,
+    hung_up: CancellationToken,
+) -> (Result<Claimed, IdempotencyError>, Option<u64>, WorkGuards) {
     let Prepared {
         caller,
         key,
         fingerprint,
         request,
+        wait_s,
     } = prepared;
-    Ok(match idempotency.begin(caller, key, fingerprint).await? {
+    let claimed = |begun: Begun| match begun {
         Begun::Replay(response) => Claimed::Replay(response),
         Begun::Acquired(attempt) => Claimed::Run(Box::new((attempt, request))),
-    })
+    };
+    let Some(wait_s) = wait_s else {
+        return (
+            idempotency.begin(caller, key, fingerprint).await.map(claimed),
+            None,
+            guards,
+        );
+    };
+    let mut guards = Some(guards);
+    let waited = idempotency
+        .begin_waiting(
+            caller,
+            key,
+            fingerprint,
+            wait_s,
+            || drop(guards.take()),
+            hung_up.cancelled_owned(),
+        )
+        .await;
+    (
+        waited.begun.map(claimed),
+        waited.applied_wait_s,
+        guards.unwrap_or_default(),
+    )
 }
 
 /// Most bytes of an oversized body read and discarded before answering 413.

@@ -80,6 +80,7 @@ pub mod key_header;
 mod layer;
 pub mod metrics;
 mod policy;
+pub mod prefer;
 pub mod saved;
 
 pub use attempt::{Attempt, COMPLETE_RESEND_BACKOFF_MS, COMPLETE_SENDS_MAX, PendingAttempt};
@@ -87,8 +88,9 @@ pub use caller::{CallerFromExtension, CallerIdentity, SingleCaller};
 pub use error::{IdempotencyError, Outcome, PROBLEM_JSON, Problem, ProblemJson, RenderError, retry_after_seconds};
 pub use idempotency::{
     Begun, CLAIM_RESEND_BACKOFF_MS, CLAIM_SENDS_MAX, Idempotency, IdempotencyBuilder, ORPHAN_RELEASE_BACKOFF_MS,
-    ORPHAN_RELEASES_MAX, STORE_RETRY_AFTER_S_DEFAULT, STORE_RETRY_AFTER_S_MAX,
+    ORPHAN_RELEASES_MAX, STORE_RETRY_AFTER_S_DEFAULT, STORE_RETRY_AFTER_S_MAX, WAIT_CAP_S_DEFAULT, WAIT_CAP_S_MAX,
 };
 pub use layer::{BODY_DRAIN_BYTES_MAX, BODY_DRAIN_MS_MAX, IdempotencyLayer, IdempotencyService};
 pub use policy::{Disposition, FinishPolicy, REFUSED_BEFORE_RUNNING_STATUSES, TRANSIENT_STATUSES};
+pub use prefer::{PREFER_HEADER, PREFERENCE_APPLIED_HEADER, prefer_wait_seconds};
 pub use saved::REPLAYED_HEADER;
