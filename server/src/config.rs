@@ -141,6 +141,10 @@ pub struct ServerConfig {
     pub shutdown_readiness_delay_ms: u64,
     /// `Retry-After` on store outages, overload and timeouts.
     pub retry_after_s: u64,
+    /// The longest a request's `Prefer: wait=N` waits for another attempt
+    /// on its key before 409 (docs/design.md#waiting); 0 turns waiting off.
+    /// Shorter than the request budget, so a waiter answers before it.
+    pub prefer_wait_max_s: u64,
     /// Time a client has to send a whole request head, and the longest a
     /// keep-alive connection may sit idle; past it the connection is closed.
     pub header_read_timeout_ms: u64,
@@ -474,6 +478,7 @@ impl Default for ServerConfig {
             shutdown_grace_ms: SHUTDOWN_GRACE_MS_DEFAULT,
             shutdown_readiness_delay_ms: SHUTDOWN_READINESS_DELAY_MS_DEFAULT,
             retry_after_s: RETRY_AFTER_S_DEFAULT,
+            prefer_wait_max_s: idem_http::WAIT_CAP_S_DEFAULT,
             header_read_timeout_ms: HEADER_READ_TIMEOUT_MS_DEFAULT,
             connections_max: CONNECTIONS_MAX_DEFAULT,
             allow_demo_caller_on_public_address: false,
@@ -791,6 +796,22 @@ impl Config {
             CONNECTIONS_MAX_LIMIT as u64,
         )?;
         check_range("server.retry_after_s", server.retry_after_s, 1, RETRY_AFTER_S_MAX)?;
+        check_range(
+            "server.prefer_wait_max_s",
+            server.prefer_wait_max_s,
+            0,
+            idem_http::WAIT_CAP_S_MAX,
+        )?;
+        if server.prefer_wait_max_s.saturating_mul(1_000) >= server.request_timeout_ms {
+            return Err(field_error(
+                "server.prefer_wait_max_s",
+                format!(
+                    "{} s is not shorter than server.request_timeout_ms ({} ms): a waiter would time out \
+                     before it answers",
+                    server.prefer_wait_max_s, server.request_timeout_ms
+                ),
+            ));
+        }
         self.validate_server_tls()
     }
 
@@ -1205,6 +1226,19 @@ mod tests {
         assert_eq!(config.carrier.simulator.error_rate, 0.25);
         assert_eq!(config.callers[0].id, "a");
         assert!(!config.has_demo_caller());
+    }
+
+    #[test]
+    fn prefer_wait_is_bounded_by_its_cap_and_the_request_budget() {
+        let off = Config::load(None, env(&[("IDEM__SERVER__PREFER_WAIT_MAX_S", "0")])).unwrap();
+        assert_eq!(off.server.prefer_wait_max_s, 0);
+        let above_cap = format!("{}", idem_http::WAIT_CAP_S_MAX + 1);
+        assert!(refusal(&[("IDEM__SERVER__PREFER_WAIT_MAX_S", &above_cap)]).contains("server.prefer_wait_max_s"));
+        let past_budget = refusal(&[
+            ("IDEM__SERVER__PREFER_WAIT_MAX_S", "30"),
+            ("IDEM__SERVER__REQUEST_TIMEOUT_MS", "30000"),
+        ]);
+        assert!(past_budget.contains("request_timeout_ms"), "{past_budget}");
     }
 
     #[test]

@@ -30,17 +30,20 @@ use tokio_util::task::TaskTracker;
 
 /// The middleware over `store` as the server runs it: attempts on `tasks`
 /// (shutdown waits for them), `Retry-After: store_retry_after_s` during
-/// store outages, time read from `clock` (the one `store` reads).
+/// store outages, time read from `clock` (the one `store` reads), and
+/// `Prefer: wait` granted up to `prefer_wait_max_s` (docs/design.md#waiting).
 pub fn configure(
     store: Arc<dyn IdempotencyStore>,
     tasks: TaskTracker,
     store_retry_after_s: u64,
+    prefer_wait_max_s: u64,
     clock: SharedClock,
 ) -> Idempotency {
     Idempotency::builder(store, BearerCaller)
         .clock(clock)
         .tasks(tasks)
         .store_retry_after_s(store_retry_after_s)
+        .wait_cap_s(prefer_wait_max_s)
         .render_errors_with(|error| ApiError::from(error).into_response())
         .hold_during_work::<InFlightSlot>()
         .build()

@@ -30,7 +30,9 @@ use store_core::HeldLease;
     security(("bearer" = [])),
     params(
         ("Idempotency-Key" = String, Header,
-            description = "One key per intent, 1 to 255 printable ASCII characters, bare or as an RFC 8941 quoted string. Reuse it on every retry of the same request.")
+            description = "One key per intent, 1 to 255 printable ASCII characters, bare or as an RFC 8941 quoted string. Reuse it on every retry of the same request."),
+        ("Prefer" = Option<String>, Header,
+            description = "RFC 7240. `wait=N`: if an attempt with this key is in progress, wait up to N seconds (at most the server's `prefer_wait_max_s`, 10 by default) for it to end and get its answer, instead of 409 at once. Other preferences, and a malformed `wait`, are ignored.")
     ),
     request_body(content = CreateLabelRequest, content_type = "application/json"),
     responses(
@@ -38,15 +40,19 @@ use store_core::HeldLease;
             body = Label, content_type = "application/json",
             headers(
                 ("Location" = String, description = "`/v1/labels/{label_id}`"),
-                ("Idempotent-Replayed" = String, description = "`true` on a replayed answer; absent on the first run.")
+                ("Idempotent-Replayed" = String, description = "`true` on a replayed answer; absent on the first run."),
+                ("Preference-Applied" = String, description = "`wait=N` when the request waited (`Prefer: wait`) for another attempt with its key; N is the wait granted.")
             )),
         (status = 400, description = "`idempotency_key_missing`, `idempotency_key_invalid`, or `invalid_request` (nothing was saved; the key is free again).",
             body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "`unauthorized`: no valid bearer token.", body = Problem, content_type = "application/problem+json",
             headers(("WWW-Authenticate" = String, description = "`Bearer`"))),
-        (status = 409, description = "`request_in_progress`: an attempt with this key holds the lease. Retry with the same key.",
+        (status = 409, description = "`request_in_progress`: an attempt with this key holds the lease (after the granted wait, with `Prefer: wait`). Retry with the same key.",
             body = Problem, content_type = "application/problem+json",
-            headers(("Retry-After" = u64, description = "Seconds until the lease ends, rounded up."))),
+            headers(
+                ("Retry-After" = u64, description = "Seconds until the lease ends, rounded up."),
+                ("Preference-Applied" = String, description = "`wait=N` when the request waited N seconds first.")
+            )),
         (status = 413, description = "`payload_too_large`: the body is over 64 KiB.", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "`unsupported_media_type`: the Content-Type is not `application/json` (nothing was saved).",
             body = Problem, content_type = "application/problem+json"),

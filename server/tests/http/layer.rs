@@ -76,7 +76,8 @@ async fn serve_route_on_clock(
     policy: FinishPolicy,
     json: bool,
 ) -> (String, Arc<AtomicUsize>) {
-    let idempotency = server::idempotency::configure(store, TaskTracker::new(), 1, clock);
+    let idempotency =
+        server::idempotency::configure(store, TaskTracker::new(), 1, idem_http::WAIT_CAP_S_DEFAULT, clock);
     let callers = Callers::from_config(&[CallerConfig::new("alice", token_sha256(ALICE))]).unwrap();
     let calls = Arc::new(AtomicUsize::new(0));
     let state = RouteState {

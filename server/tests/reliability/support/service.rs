@@ -95,7 +95,13 @@ impl Service {
         )
         .expect("carrier client");
         let state = AppState {
-            idempotency: idempotency::configure(records.clone(), TaskTracker::new(), 1, options.clock.clone()),
+            idempotency: idempotency::configure(
+                records.clone(),
+                TaskTracker::new(),
+                1,
+                idem_http::WAIT_CAP_S_DEFAULT,
+                options.clock.clone(),
+            ),
             labels: labels.clone(),
             carrier: Arc::new(client),
             metrics: prometheus_handle().expect("metrics recorder"),
