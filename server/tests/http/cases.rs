@@ -89,6 +89,35 @@ pub async fn concurrent_repeat_gets_409_then_the_replay(backend: Backend) {
     server.shutdown().await;
 }
 
+/// `Prefer: wait=N` (docs/design.md#waiting): repeats sent while the first
+/// attempt runs wait for it on the backend's change notifications and get
+/// its answer, byte for byte; the carrier is called once.
+pub async fn waiting_repeats_get_the_first_answer(backend: Backend) {
+    const WAITERS: usize = 5;
+    let server = TestServer::start(backend).await;
+    server.delay_next_carrier_call(1_500).await;
+    let order = order_id();
+    let (key, body) = (fresh_key(), label_body(order, 1));
+    let first = server.post_label(Some(ALICE), Some(&key), &body);
+    let waiters = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let repeats = (0..WAITERS)
+            .map(|_| server.post_label_with_headers(Some(ALICE), Some(&key), &body, &[("prefer", "wait=5")]));
+        futures::future::join_all(repeats).await
+    };
+    let (first, waiters) = tokio::join!(first, waiters);
+    assert_eq!(first.status, 201, "{}", first.text());
+    for waiter in &waiters {
+        assert_eq!(waiter.status, 201, "{}", waiter.text());
+        assert_eq!(waiter.header("idempotent-replayed"), Some("true"));
+        assert_eq!(waiter.header("preference-applied"), Some("wait=5"));
+        assert_eq!(waiter.body, first.body, "a replay is the saved answer, byte for byte");
+    }
+    let stats = server.carrier_stats().await;
+    assert_eq!(purchases_for(&stats, order), 1, "{stats:?}");
+    server.shutdown().await;
+}
+
 /// Seed table, row 4: same key, different body: 422, after completion and
 /// while in progress, and the saved answer is unchanged.
 pub async fn same_key_with_another_body_is_422(backend: Backend) {

@@ -197,11 +197,25 @@ impl TestServer {
 
     /// `POST /v1/labels` with an optional token and key.
     pub async fn post_label(&self, token: Option<&str>, key: Option<&str>, body: &str) -> Reply {
+        self.post_label_with_headers(token, key, body, &[]).await
+    }
+
+    /// `POST /v1/labels` with an optional token and key, and more headers.
+    pub async fn post_label_with_headers(
+        &self,
+        token: Option<&str>,
+        key: Option<&str>,
+        body: &str,
+        headers: &[(&str, &str)],
+    ) -> Reply {
         let mut request = self
             .client
             .post(format!("{}/v1/labels", self.base))
             .header("content-type", "application/json")
             .body(body.to_owned());
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
         if let Some(token) = token {
             request = request.bearer_auth(token);
         }

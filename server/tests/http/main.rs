@@ -70,6 +70,7 @@ backend_suite!(
     first_run_creates_the_label,
     repeat_is_replayed_byte_for_byte,
     concurrent_repeat_gets_409_then_the_replay,
+    waiting_repeats_get_the_first_answer,
     same_key_with_another_body_is_422,
     key_header_errors_and_the_quoted_form,
     invalid_request_frees_the_key,
