@@ -6,6 +6,7 @@ use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::Request;
 use axum::http::{HeaderMap, StatusCode, header};
+use axum::middleware::{Next, from_fn};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use http_body_util::BodyExt;
@@ -15,7 +16,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 use store_core::{CallerId, IdempotencyStore, Policy, WaitLimits};
 use store_fdb::{EmbeddedConfig, EmbeddedStore};
-use tokio::sync::Notify;
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tower::ServiceExt;
 
 const BODY_BYTES_MAX: usize = 1_024;
@@ -231,4 +232,65 @@ async fn a_wait_cap_of_zero_turns_waiting_off() {
     );
     route.let_go.notify_one();
     first.await.unwrap();
+}
+
+/// A client that hangs up stops waiting: its place under the waiter caps is
+/// freed at once, not when its wait would have ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_hangs_up_stops_waiting() {
+    let store = store();
+    let route = GatedRoute::new(StatusCode::CREATED);
+    let app = route.router(idempotency(store.clone()).build());
+    let first = start_first(&route, &app).await;
+    let waiter = tokio::spawn(send(app.clone(), Some("wait=10")));
+    until_waiting(&store, 1).await;
+    waiter.abort();
+    let hub = store
+        .record_changes()
+        .expect("the embedded store reports record changes");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+    while hub.waiters() > 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the waiter still waits after its client left"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    route.let_go.notify_one();
+    assert_eq!(first.await.unwrap().0, StatusCode::CREATED);
+    assert_eq!(route.calls(), 1);
+}
+
+/// A slot under the application's cap on work in flight.
+#[derive(Clone)]
+struct WorkSlot(#[allow(dead_code)] Arc<OwnedSemaphorePermit>);
+
+/// A waiter holds no work slot while it waits: the slot named with
+/// `hold_during_work` is dropped when the wait starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_holds_no_work_slot() {
+    let slots = Arc::new(Semaphore::new(2));
+    let take_slot = {
+        let slots = slots.clone();
+        move |mut request: Request, next: Next| {
+            let slots = slots.clone();
+            async move {
+                let permit = slots.try_acquire_owned().expect("a free slot");
+                request.extensions_mut().insert(WorkSlot(Arc::new(permit)));
+                next.run(request).await
+            }
+        }
+    };
+    let store = store();
+    let route = GatedRoute::new(StatusCode::CREATED);
+    let idempotency = idempotency(store.clone()).hold_during_work::<WorkSlot>().build();
+    let app = route.router(idempotency).layer(from_fn(take_slot));
+    let first = start_first(&route, &app).await;
+    let waiter = tokio::spawn(send(app.clone(), Some("wait=10")));
+    until_waiting(&store, 1).await;
+    assert_eq!(slots.available_permits(), 1, "only the first attempt holds a slot");
+    route.let_go.notify_one();
+    assert_eq!(first.await.unwrap().0, StatusCode::CREATED);
+    assert_eq!(waiter.await.unwrap().1[REPLAYED_HEADER], "true");
+    assert_eq!(slots.available_permits(), 2);
 }
