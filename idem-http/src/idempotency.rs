@@ -151,7 +151,11 @@ impl IdempotencyBuilder {
     /// timed out. This is the hook for a slot under a cap on work in
     /// flight (a semaphore permit in an `Arc`): put the slot in the
     /// request's extensions in a middleware outside the layer, and work
-    /// that outlives its request keeps counting against the cap.
+    /// that outlives its request keeps counting against the cap. The layer
+    /// takes the extension out of the request (the route does not see it),
+    /// and a request that waits (`Prefer: wait`) drops it when its wait
+    /// starts: a waiter holds no work slot, and one that becomes the attempt
+    /// after its wait runs without it.
     pub fn hold_during_work<T: Clone + Send + Sync + 'static>(mut self) -> Self {
         self.work_guards.push(take_work_guard::<T>);
         self
