@@ -190,7 +190,7 @@ impl App {
                 backends.records.clone(),
                 tasks.clone(),
                 config.server.retry_after_s,
-                config.server.prefer_wait_max_s,
+                config.server.prefer_wait_applied_max_s(),
                 clock,
             ),
             labels: backends.labels.clone(),

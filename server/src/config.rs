@@ -143,7 +143,9 @@ pub struct ServerConfig {
     pub retry_after_s: u64,
     /// The longest a request's `Prefer: wait=N` waits for another attempt
     /// on its key before 409 (docs/design.md#waiting); 0 turns waiting off.
-    /// Shorter than the request budget, so a waiter answers before it.
+    /// The wait applied is also shorter than the request budget
+    /// ([`ServerConfig::prefer_wait_applied_max_s`]), so a waiter answers
+    /// before its request times out.
     pub prefer_wait_max_s: u64,
     /// Time a client has to send a whole request head, and the longest a
     /// keep-alive connection may sit idle; past it the connection is closed.
@@ -169,6 +171,17 @@ pub struct ServerTlsConfig {
     pub key_file: String,
     /// Time a client has to finish the TLS handshake.
     pub handshake_timeout_ms: u64,
+}
+
+impl ServerConfig {
+    /// The wait a `Prefer: wait` is granted at most: `prefer_wait_max_s`,
+    /// and the longest whole number of seconds shorter than the request
+    /// budget, so a waiter answers before its request times out (0, no
+    /// waiting, when not even a second fits).
+    pub fn prefer_wait_applied_max_s(&self) -> u64 {
+        self.prefer_wait_max_s
+            .min(self.request_timeout_ms.saturating_sub(1) / 1_000)
+    }
 }
 
 impl ServerTlsConfig {
@@ -802,16 +815,6 @@ impl Config {
             0,
             idem_http::WAIT_CAP_S_MAX,
         )?;
-        if server.prefer_wait_max_s.saturating_mul(1_000) >= server.request_timeout_ms {
-            return Err(field_error(
-                "server.prefer_wait_max_s",
-                format!(
-                    "{} s is not shorter than server.request_timeout_ms ({} ms): a waiter would time out \
-                     before it answers",
-                    server.prefer_wait_max_s, server.request_timeout_ms
-                ),
-            ));
-        }
         self.validate_server_tls()
     }
 
@@ -1231,14 +1234,28 @@ mod tests {
     #[test]
     fn prefer_wait_is_bounded_by_its_cap_and_the_request_budget() {
         let off = Config::load(None, env(&[("IDEM__SERVER__PREFER_WAIT_MAX_S", "0")])).unwrap();
-        assert_eq!(off.server.prefer_wait_max_s, 0);
+        assert_eq!(off.server.prefer_wait_applied_max_s(), 0);
         let above_cap = format!("{}", idem_http::WAIT_CAP_S_MAX + 1);
         assert!(refusal(&[("IDEM__SERVER__PREFER_WAIT_MAX_S", &above_cap)]).contains("server.prefer_wait_max_s"));
-        let past_budget = refusal(&[
-            ("IDEM__SERVER__PREFER_WAIT_MAX_S", "30"),
-            ("IDEM__SERVER__REQUEST_TIMEOUT_MS", "30000"),
-        ]);
-        assert!(past_budget.contains("request_timeout_ms"), "{past_budget}");
+        let at_budget = Config::load(
+            None,
+            env(&[
+                ("IDEM__SERVER__PREFER_WAIT_MAX_S", "30"),
+                ("IDEM__SERVER__REQUEST_TIMEOUT_MS", "30000"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(
+            at_budget.server.prefer_wait_applied_max_s(),
+            29,
+            "a whole second under the budget"
+        );
+        let short_budget = Config::load(None, env(&[("IDEM__SERVER__REQUEST_TIMEOUT_MS", "300")])).unwrap();
+        assert_eq!(
+            short_budget.server.prefer_wait_applied_max_s(),
+            0,
+            "no whole second fits: no waiting"
+        );
     }
 
     #[test]
