@@ -1,15 +1,18 @@
 //! The application's hooks: who the caller is, how errors look, what the
 //! attempt's task holds, a route's own lease and retention, and the clock.
 
+mod common;
+
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::Request;
 use axum::handler::Handler;
 use axum::http::request::Parts;
 use axum::http::{HeaderValue, StatusCode};
-use axum::middleware::{Next, from_fn};
+use axum::middleware::from_fn;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
+use common::{BODY_BYTES_MAX, WorkSlot, take_work_slot};
 use http_body_util::BodyExt;
 use idem_http::{
     CallerIdentity, Idempotency, IdempotencyError, IdempotencyLayer, REPLAYED_HEADER, SingleCaller, retry_after_seconds,
@@ -19,10 +22,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 use store_core::{CallerId, IdempotencyKey, IdempotencyStore, ManualClock, Policy};
 use store_fdb::{EmbeddedConfig, EmbeddedStore, FdbStore, KEY_PREFIX_DEFAULT};
-use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{Notify, Semaphore};
 use tower::ServiceExt;
-
-const BODY_BYTES_MAX: usize = 1_024;
 
 fn embedded() -> EmbeddedStore {
     EmbeddedStore::open_embedded(&EmbeddedConfig::temporary(), Policy::default()).unwrap()
@@ -123,27 +124,12 @@ async fn the_application_replaces_the_error_rendering() {
     assert_eq!(response.headers()["x-error-code"], "idempotency_key_reused");
 }
 
-/// A slot under the application's cap on work in flight.
-#[derive(Clone)]
-struct WorkSlot(#[allow(dead_code)] Arc<OwnedSemaphorePermit>);
-
 /// The slot named with `hold_during_work` is held by the attempt's task
 /// until the route is done, even after the client hung up: abandoned work
 /// keeps counting against the application's cap.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_task_holds_the_named_extension_until_the_work_is_done() {
     let slots = Arc::new(Semaphore::new(1));
-    let take_slot = {
-        let slots = slots.clone();
-        move |mut request: Request, next: Next| {
-            let slots = slots.clone();
-            async move {
-                let permit = slots.try_acquire_owned().expect("a free slot");
-                request.extensions_mut().insert(WorkSlot(Arc::new(permit)));
-                next.run(request).await
-            }
-        }
-    };
     let caller = SingleCaller(CallerId::new("shop").unwrap());
     let idempotency = Idempotency::builder(Arc::new(embedded()), caller)
         .hold_during_work::<WorkSlot>()
@@ -157,7 +143,7 @@ async fn the_task_holds_the_named_extension_until_the_work_is_done() {
             "/orders",
             post(slow_route.layer(IdempotencyLayer::new(idempotency, BODY_BYTES_MAX))),
         )
-        .layer(from_fn(take_slot));
+        .layer(from_fn(take_work_slot(slots.clone())));
     let request = Request::post("/orders")
         .header("idempotency-key", "k")
         .body(Body::empty())

@@ -2,13 +2,16 @@
 //! its key started by another attempt waits for that attempt to end, on the
 //! embedded store's change hub.
 
+mod common;
+
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::Request;
 use axum::http::{HeaderMap, StatusCode, header};
-use axum::middleware::{Next, from_fn};
+use axum::middleware::from_fn;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
+use common::{BODY_BYTES_MAX, WorkSlot, take_work_slot};
 use http_body_util::BodyExt;
 use idem_http::{Idempotency, IdempotencyLayer, PREFERENCE_APPLIED_HEADER, REPLAYED_HEADER, SingleCaller};
 use std::sync::Arc;
@@ -16,10 +19,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 use store_core::{CallerId, IdempotencyStore, Policy, WaitLimits};
 use store_fdb::{EmbeddedConfig, EmbeddedStore};
-use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{Notify, Semaphore};
 use tower::ServiceExt;
 
-const BODY_BYTES_MAX: usize = 1_024;
 /// How long a test waits for its waiters to register before failing.
 const WAITERS_REGISTER_MS_MAX: u64 = 10_000;
 
@@ -261,30 +263,15 @@ async fn a_client_that_hangs_up_stops_waiting() {
     assert_eq!(route.calls(), 1);
 }
 
-/// A slot under the application's cap on work in flight.
-#[derive(Clone)]
-struct WorkSlot(#[allow(dead_code)] Arc<OwnedSemaphorePermit>);
-
 /// A waiter holds no work slot while it waits: the slot named with
 /// `hold_during_work` is dropped when the wait starts.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_holds_no_work_slot() {
     let slots = Arc::new(Semaphore::new(2));
-    let take_slot = {
-        let slots = slots.clone();
-        move |mut request: Request, next: Next| {
-            let slots = slots.clone();
-            async move {
-                let permit = slots.try_acquire_owned().expect("a free slot");
-                request.extensions_mut().insert(WorkSlot(Arc::new(permit)));
-                next.run(request).await
-            }
-        }
-    };
     let store = store();
     let route = GatedRoute::new(StatusCode::CREATED);
     let idempotency = idempotency(store.clone()).hold_during_work::<WorkSlot>().build();
-    let app = route.router(idempotency).layer(from_fn(take_slot));
+    let app = route.router(idempotency).layer(from_fn(take_work_slot(slots.clone())));
     let first = start_first(&route, &app).await;
     let waiter = tokio::spawn(send(app.clone(), Some("wait=10")));
     until_waiting(&store, 1).await;

@@ -43,7 +43,7 @@ use tokio::time::Instant;
 
 /// Waiters on one record in one store instance, by default. The
 /// specification's test waits 50 at once; past the cap a waiter gets 409 at
-/// once, as without waiting (LIMITS.md).
+/// once, as without waiting (docs/design.md#wait-limits).
 pub const WAITERS_PER_KEY_MAX_DEFAULT: usize = 128;
 /// Waiters in one store instance (one process's store), by default. Each is
 /// a parked future and a watch receiver, no thread and no connection; the cap
