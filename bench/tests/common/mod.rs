@@ -88,3 +88,14 @@ pub async fn run_bench_at(service: &LabelService, json: &Path, rate: &str, extra
 pub fn read_report(json: &Path) -> serde_json::Value {
     serde_json::from_slice(&std::fs::read(json).unwrap()).unwrap()
 }
+
+/// The http report of a run that must have exited cleanly with a passed
+/// audit (asserted, with the bench's output on failure).
+pub fn passed_http_report(output: &Output, json: &Path) -> serde_json::Value {
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    let http = read_report(json)["http"][0].clone();
+    assert_eq!(http["audit"]["passed"], true, "{}", http["audit"]);
+    http
+}
