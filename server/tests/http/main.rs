@@ -24,6 +24,7 @@ mod secrets;
 mod shutdown;
 mod slow_clients;
 mod tls;
+mod waiting;
 
 /// One `#[tokio::test]` per case per backend.
 macro_rules! backend_suite {
