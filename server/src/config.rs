@@ -427,8 +427,6 @@ pub struct SimulatorConfig {
     pub lost_reply_rate: f64,
     /// Seed of the simulator's random choices; 0 picks one at random.
     pub seed: u64,
-    /// Where the simulator keeps its keys; empty: a temporary directory.
-    pub data_dir: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -689,7 +687,6 @@ impl Default for SimulatorConfig {
             error_rate: 0.0,
             lost_reply_rate: 0.0,
             seed: 0,
-            data_dir: String::new(),
         }
     }
 }
