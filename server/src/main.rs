@@ -120,7 +120,16 @@ fn main() -> ExitCode {
         }
     };
     init_tracing(&config.log);
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    // The carrier simulator is a test double sharing the machine with the
+    // service under test: one thread, so its calls cost no cross-thread
+    // wake-ups (a profile of it on the multi-thread runtime spent a third
+    // of its samples switching tasks between threads; BENCHMARKS.md, "The
+    // carrier simulator's CPU").
+    let mut builder = match command {
+        Command::Carrier { .. } => tokio::runtime::Builder::new_current_thread(),
+        _ => tokio::runtime::Builder::new_multi_thread(),
+    };
+    let runtime = match builder.enable_all().build() {
         Ok(runtime) => runtime,
         Err(error) => {
             eprintln!("server: cannot start the async runtime: {error}");
