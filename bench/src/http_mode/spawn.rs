@@ -3,7 +3,8 @@
 //! backend's own server when the store kind needs one, and a kill on drop.
 
 use crate::cli::{BackendArgs, DurabilityArg};
-use crate::store_mode::{Backend, KeepAlive};
+use crate::store_mode::KeepAlive;
+use server::config::StoreKind;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -42,7 +43,7 @@ pub enum SpawnError {
 /// What a spawned server is configured with.
 #[derive(Debug, Clone)]
 pub struct SpawnSettings {
-    pub store_kind: Backend,
+    pub store_kind: StoreKind,
     pub server_bin: Option<PathBuf>,
     pub backend: BackendArgs,
     pub carrier: CarrierSettings,
@@ -346,13 +347,18 @@ async fn store_config(
     );
     let fleet = settings.fleet;
     let (mut kind_section, mut guards, mut notes) = match settings.store_kind {
-        Backend::Embedded => (String::new(), Vec::new(), Vec::new()),
-        Backend::Redis => redis_config(&settings.backend, fleet.redis_cluster).await?,
-        Backend::Postgres => postgres_config(&settings.backend).await?,
-        Backend::Foundationdb => foundationdb_config(&settings.backend)?,
+        StoreKind::Embedded => (String::new(), Vec::new(), Vec::new()),
+        StoreKind::Redis => redis_config(&settings.backend, fleet.redis_cluster).await?,
+        StoreKind::Postgres => postgres_config(&settings.backend).await?,
+        StoreKind::Foundationdb => foundationdb_config(&settings.backend)?,
+        StoreKind::Memory => {
+            return Err(SpawnError::Backend(
+                "the volatile memory store is for tests, not benchmarks".into(),
+            ));
+        }
     };
     let mut labels = String::new();
-    if settings.store_kind == Backend::Redis && fleet.labels_in_postgres {
+    if settings.store_kind == StoreKind::Redis && fleet.labels_in_postgres {
         let (postgres_section, postgres_guards, postgres_notes) = postgres_config(&settings.backend).await?;
         kind_section.push_str(&postgres_section);
         guards.extend(postgres_guards);

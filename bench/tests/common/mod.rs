@@ -2,10 +2,10 @@
 //! from the server crate on free loopback ports, and `idem-bench http` run
 //! against them as a separate process, as an operator would run it.
 
-use server::config::DurabilityConfig;
 use server::{App, Config, RunningServer};
 use std::path::Path;
 use std::process::Output;
+use store_fdb::Durability;
 use tempfile::TempDir;
 use tokio::net::TcpListener;
 
@@ -29,7 +29,7 @@ impl LabelService {
         let data = tempfile::tempdir().unwrap();
         let mut config = Config::default();
         config.store.embedded.path = data.path().join("records");
-        config.store.embedded.durability = DurabilityConfig::Buffer;
+        config.store.embedded.durability = Durability::Buffer;
         config.carrier.simulator.latency_ms_min = 0;
         config.carrier.simulator.latency_ms_max = 1;
         config.carrier.simulator.lost_reply_rate = lost_reply_rate;

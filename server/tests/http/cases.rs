@@ -2,12 +2,13 @@
 //! `backend_suite!` in main.rs). Each test starts its own server; callers
 //! and order ids are fresh per test, so tests never see each other's keys.
 
-use crate::common::{ALICE, BOB, Backend, Options, TestServer, fresh_key, label_body, order_id, purchases_for};
+use crate::common::{ALICE, BOB, Options, TestServer, fresh_key, label_body, order_id, purchases_for};
 use server::carrier::{ScriptStep, SimulatedFault};
+use server::config::StoreKind;
 use std::time::Duration;
 
 /// Seed table, row 1: first run, 201 with the label and Location.
-pub async fn first_run_creates_the_label(backend: Backend) {
+pub async fn first_run_creates_the_label(backend: StoreKind) {
     let server = TestServer::start(backend).await;
     let order = order_id();
     let reply = server
@@ -41,7 +42,7 @@ pub async fn first_run_creates_the_label(backend: Backend) {
 
 /// Seed table, row 2: a repeat gets the saved answer byte for byte, with
 /// `Idempotent-Replayed: true`, and nothing runs (one purchase).
-pub async fn repeat_is_replayed_byte_for_byte(backend: Backend) {
+pub async fn repeat_is_replayed_byte_for_byte(backend: StoreKind) {
     let server = TestServer::start(backend).await;
     let (key, order) = (fresh_key(), order_id());
     let body = label_body(order, 1);
@@ -65,7 +66,7 @@ pub async fn repeat_is_replayed_byte_for_byte(backend: Backend) {
 
 /// Seed table, row 3: while an attempt holds the lease, a repeat gets 409
 /// `request_in_progress` with Retry-After; afterwards, the replay.
-pub async fn concurrent_repeat_gets_409_then_the_replay(backend: Backend) {
+pub async fn concurrent_repeat_gets_409_then_the_replay(backend: StoreKind) {
     let server = TestServer::start(backend).await;
     server.delay_next_carrier_call(1_500).await;
     let (key, body) = (fresh_key(), label_body(order_id(), 1));
@@ -92,7 +93,7 @@ pub async fn concurrent_repeat_gets_409_then_the_replay(backend: Backend) {
 /// `Prefer: wait=N` (docs/design.md#waiting): repeats sent while the first
 /// attempt runs wait for it on the backend's change notifications and get
 /// its answer, byte for byte; the carrier is called once.
-pub async fn waiting_repeats_get_the_first_answer(backend: Backend) {
+pub async fn waiting_repeats_get_the_first_answer(backend: StoreKind) {
     const WAITERS: usize = 5;
     let server = TestServer::start(backend).await;
     server.delay_next_carrier_call(1_500).await;
@@ -120,7 +121,7 @@ pub async fn waiting_repeats_get_the_first_answer(backend: Backend) {
 
 /// Seed table, row 4: same key, different body: 422, after completion and
 /// while in progress, and the saved answer is unchanged.
-pub async fn same_key_with_another_body_is_422(backend: Backend) {
+pub async fn same_key_with_another_body_is_422(backend: StoreKind) {
     let server = TestServer::start(backend).await;
     let (key, order) = (fresh_key(), order_id());
     let first = server.post_label(Some(ALICE), Some(&key), &label_body(order, 1)).await;
@@ -148,7 +149,7 @@ pub async fn same_key_with_another_body_is_422(backend: Backend) {
 
 /// Seed table, row 5, and the other key errors: missing 400, invalid 400;
 /// the quoted form names the same key as the bare one.
-pub async fn key_header_errors_and_the_quoted_form(backend: Backend) {
+pub async fn key_header_errors_and_the_quoted_form(backend: StoreKind) {
     let server = TestServer::start(backend).await;
     let body = label_body(order_id(), 1);
     let missing = server.post_label(Some(ALICE), None, &body).await;
@@ -187,7 +188,7 @@ pub async fn key_header_errors_and_the_quoted_form(backend: Backend) {
 
 /// Validation fails before any effect: 400 `invalid_request`, the record is
 /// deleted, nothing is bought, and the key is free for the corrected request.
-pub async fn invalid_request_frees_the_key(backend: Backend) {
+pub async fn invalid_request_frees_the_key(backend: StoreKind) {
     let server = TestServer::start(backend).await;
     let (key, order) = (fresh_key(), order_id());
     for bad in [
@@ -212,7 +213,7 @@ pub async fn invalid_request_frees_the_key(backend: Backend) {
 }
 
 /// No token or an unknown token: 401 `unauthorized`, before anything else.
-pub async fn unknown_callers_are_refused(backend: Backend) {
+pub async fn unknown_callers_are_refused(backend: StoreKind) {
     let server = TestServer::start(backend).await;
     let body = label_body(order_id(), 1);
     for token in [None, Some("demo-token"), Some("not-a-token")] {
@@ -232,7 +233,7 @@ pub async fn unknown_callers_are_refused(backend: Backend) {
 
 /// Keys are scoped per caller: the same key from two callers names two
 /// intents; neither sees the other's answer or label.
-pub async fn callers_are_isolated(backend: Backend) {
+pub async fn callers_are_isolated(backend: StoreKind) {
     let server = TestServer::start(backend).await;
     let key = fresh_key();
     let (alice_order, bob_order) = (order_id(), order_id());
@@ -263,7 +264,7 @@ pub async fn callers_are_isolated(backend: Backend) {
 
 /// The second line of defence: a new key for a parcel that has its label
 /// returns that label, and the carrier sells one label per parcel.
-pub async fn a_new_key_for_a_labelled_parcel_buys_nothing(backend: Backend) {
+pub async fn a_new_key_for_a_labelled_parcel_buys_nothing(backend: StoreKind) {
     let server = TestServer::start(backend).await;
     let order = order_id();
     let first = server
@@ -293,7 +294,7 @@ pub async fn a_new_key_for_a_labelled_parcel_buys_nothing(backend: Backend) {
 /// `downstream_unavailable` with Retry-After, nothing saved, lease released;
 /// the retry with the same key takes over at once, calls the carrier with
 /// the same carrier key, and exactly one label is bought.
-pub async fn unknown_carrier_outcomes_release_and_the_retry_buys_once(backend: Backend) {
+pub async fn unknown_carrier_outcomes_release_and_the_retry_buys_once(backend: StoreKind) {
     let server = TestServer::start(backend).await;
     for fault in [SimulatedFault::Error, SimulatedFault::LostReply] {
         server.carrier_script(&[ScriptStep { delay_ms: 0, fault }]).await;
@@ -335,7 +336,7 @@ pub async fn unknown_carrier_outcomes_release_and_the_retry_buys_once(backend: B
 
 /// A carrier timeout is an unknown outcome too; the purchase that was in
 /// flight completes at the carrier, and the retries end with that one label.
-pub async fn carrier_timeout_then_retry_gets_the_same_label(backend: Backend) {
+pub async fn carrier_timeout_then_retry_gets_the_same_label(backend: StoreKind) {
     let options = Options {
         lease_ms: 2_000,
         carrier_timeout_ms: 400,
@@ -372,7 +373,7 @@ pub async fn carrier_timeout_then_retry_gets_the_same_label(backend: Backend) {
 }
 
 /// `GET /v1/labels/{id}`: 404 for an unknown id; probes answer.
-pub async fn reads_and_probes(backend: Backend) {
+pub async fn reads_and_probes(backend: StoreKind) {
     let server = TestServer::start(backend).await;
     let missing = server.get("/v1/labels/lbl_ffffffffffffffff", Some(ALICE)).await;
     assert_eq!((missing.status, missing.code().as_str()), (404, "not_found"));
@@ -380,19 +381,12 @@ pub async fn reads_and_probes(backend: Backend) {
     assert_eq!((health.status, health.json()["status"].as_str()), (200, Some("ok")));
     let ready = server.get("/readyz", None).await;
     assert_eq!((ready.status, ready.json()["status"].as_str()), (200, Some("ready")));
-    let expected_kind = match backend {
-        Backend::Embedded => "embedded",
-        Backend::Redis => "redis",
-        Backend::Postgres => "postgres",
-        #[cfg(feature = "foundationdb")]
-        Backend::Foundationdb => "foundationdb",
-    };
-    assert_eq!(ready.json()["store"].as_str(), Some(expected_kind));
+    assert_eq!(ready.json()["store"].as_str(), Some(backend.name()));
     server.shutdown().await;
 }
 
 /// The body limit: 413 `payload_too_large`, and the key stays unclaimed.
-pub async fn oversized_bodies_are_413(backend: Backend) {
+pub async fn oversized_bodies_are_413(backend: StoreKind) {
     let server = TestServer::start(backend).await;
     let key = fresh_key();
     let padding = "x".repeat(server::config::BODY_BYTES_MAX);

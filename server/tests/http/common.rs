@@ -4,7 +4,7 @@
 
 use serde_json::Value;
 use server::carrier::{CARRIER_SCRIPT_PATH, CARRIER_STATS_PATH, CarrierStats, ScriptStep, SimulatedFault};
-use server::config::{Config, token_sha256};
+use server::config::{Config, StoreKind, token_sha256};
 use server::{App, RunningServer};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -14,18 +14,6 @@ use tokio::net::TcpListener;
 
 pub const ALICE: &str = "alice-token";
 pub const BOB: &str = "bob-token";
-
-/// Where records live in a test.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Backend {
-    Embedded,
-    Redis,
-    Postgres,
-    /// A real FoundationDB cluster, the one `FDB_CLUSTER_FILE` names
-    /// (scripts/test-foundationdb starts one and sets it).
-    #[cfg(feature = "foundationdb")]
-    Foundationdb,
-}
 
 /// Settings a test may change; everything else is the default config.
 #[derive(Debug, Clone)]
@@ -92,14 +80,20 @@ fn pair(key: &str, value: impl ToString) -> (String, String) {
     (key.to_owned(), value.to_string())
 }
 
-async fn backend_env(backend: Backend, data: &TempDir) -> (Vec<(String, String)>, BackendGuard) {
+async fn backend_env(backend: StoreKind, data: &TempDir) -> (Vec<(String, String)>, BackendGuard) {
     let mut env = vec![
         pair("IDEM__STORE__EMBEDDED__PATH", data.path().join("store").display()),
         pair("IDEM__STORE__EMBEDDED__DURABILITY", "buffer"),
     ];
     let guard = match backend {
-        Backend::Embedded => BackendGuard::None,
-        Backend::Redis => {
+        StoreKind::Embedded => BackendGuard::None,
+        // The reference store, through the registry like any backend; its
+        // labels live in the embedded store beside it.
+        StoreKind::Memory => {
+            env.push(pair("IDEM__STORE__KIND", "memory"));
+            BackendGuard::None
+        }
+        StoreKind::Redis => {
             let server = store_redis::testkit::shared_server().expect("start redis-server");
             env.push(pair("IDEM__STORE__KIND", "redis"));
             env.push(pair("IDEM__STORE__REDIS__URLS", format!("[\"{}\"]", server.url())));
@@ -110,7 +104,7 @@ async fn backend_env(backend: Backend, data: &TempDir) -> (Vec<(String, String)>
             ));
             BackendGuard::Redis(server)
         }
-        Backend::Postgres => {
+        StoreKind::Postgres => {
             let postgres = store_postgres::testkit::PostgresServer::shared();
             let database = postgres.create_database().await.expect("create a test database");
             env.push(pair("IDEM__STORE__KIND", "postgres"));
@@ -118,7 +112,7 @@ async fn backend_env(backend: Backend, data: &TempDir) -> (Vec<(String, String)>
             BackendGuard::None
         }
         #[cfg(feature = "foundationdb")]
-        Backend::Foundationdb => {
+        StoreKind::Foundationdb => {
             env.push(pair("IDEM__STORE__KIND", "foundationdb"));
             env.push(pair(
                 "IDEM__STORE__FOUNDATIONDB__CLUSTER_FILE",
@@ -131,6 +125,8 @@ async fn backend_env(backend: Backend, data: &TempDir) -> (Vec<(String, String)>
             ));
             BackendGuard::None
         }
+        #[cfg(not(feature = "foundationdb"))]
+        StoreKind::Foundationdb => panic!("the FoundationDB tests need the server's foundationdb feature"),
     };
     (env, guard)
 }
@@ -146,11 +142,11 @@ pub fn foundationdb_cluster_file() -> String {
 }
 
 impl TestServer {
-    pub async fn start(backend: Backend) -> Self {
+    pub async fn start(backend: StoreKind) -> Self {
         Self::start_with(backend, Options::default()).await
     }
 
-    pub async fn start_with(backend: Backend, options: Options) -> Self {
+    pub async fn start_with(backend: StoreKind, options: Options) -> Self {
         let data = tempfile::tempdir().expect("temporary directory");
         let (mut env, guard) = backend_env(backend, &data).await;
         env.extend([

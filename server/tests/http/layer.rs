@@ -1,9 +1,7 @@
 //! The idempotency layer on a route of its own (any axum route can wear
 //! it), the lease-lost path, and store outages (503, never 500).
 
-use crate::common::{
-    ALICE, Backend, Options, Reply, TestServer, client, fresh_key, label_body, metric_value, order_id,
-};
+use crate::common::{ALICE, Options, Reply, TestServer, client, fresh_key, label_body, metric_value, order_id};
 use async_trait::async_trait;
 use axum::extract::State;
 use axum::handler::Handler;
@@ -13,6 +11,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
 use server::auth::{Callers, require_caller};
+use server::config::StoreKind;
 use server::config::{CallerConfig, token_sha256};
 use server::error::ApiError;
 use server::idempotency::{FinishPolicy, IdempotencyLayer};
@@ -780,7 +779,7 @@ async fn a_real_redis_outage_is_503_and_recovers() {
         ],
         ..Options::default()
     };
-    let server = TestServer::start_with(Backend::Redis, options).await;
+    let server = TestServer::start_with(StoreKind::Redis, options).await;
     let body = label_body(order_id(), 1);
     redis.pause().expect("pause redis");
     let reply = server.post_label(Some(ALICE), Some(&fresh_key()), &body).await;

@@ -7,9 +7,10 @@
 //! memory (VmRSS from /proc) must stay under a stated bound, and the rate of
 //! admitted creates must hold near the baseline.
 
-use crate::support::backends::{Backend, BackendSetup, pair};
+use crate::support::backends::{BackendSetup, pair};
 use crate::support::process::ServerProcess;
 use crate::support::{LabelPost, callers_env, derived_key, label_body, unique_order_id};
+use server::config::StoreKind;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -106,7 +107,7 @@ fn percentile_99(latencies: &Mutex<Vec<u128>>) -> u128 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_times_the_in_flight_cap_is_shed_fast_in_bounded_memory_and_throughput_holds() {
-    let setup = BackendSetup::start(Backend::Embedded).await;
+    let setup = BackendSetup::start(StoreKind::Embedded).await;
     let carrier_env = [
         pair("IDEM__CARRIER__SIMULATOR__LATENCY_MS_MIN", CARRIER_LATENCY_MS),
         pair("IDEM__CARRIER__SIMULATOR__LATENCY_MS_MAX", CARRIER_LATENCY_MS),

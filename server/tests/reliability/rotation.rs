@@ -4,10 +4,11 @@
 //! before the rotation (old token only), during it (new token, old one
 //! retiring), after it (new token only).
 
-use crate::support::backends::{Backend, BackendSetup, pair};
+use crate::support::backends::{BackendSetup, pair};
 use crate::support::process::ServerProcess;
 use crate::support::{LabelPost, client, derived_key, label_body, unique_order_id};
 use server::carrier::{CARRIER_STATS_PATH, CarrierStats};
+use server::config::StoreKind;
 use server::config::token_sha256;
 
 const OLD_TOKEN: &str = "fulfilment-token-2026-11";
@@ -25,7 +26,7 @@ fn callers(current: &str, retiring: Option<&str>) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retry_across_a_token_rotation_replays_and_buys_nothing_again() {
-    let setup = BackendSetup::start(Backend::Embedded).await;
+    let setup = BackendSetup::start(StoreKind::Embedded).await;
     let carrier = ServerProcess::start(&["carrier", "--listen", "127.0.0.1:0"], &[], None, setup.data.path()).await;
     let http = client();
     let order_id = unique_order_id();

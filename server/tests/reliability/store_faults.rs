@@ -14,7 +14,7 @@
 //! purchase.
 
 use crate::support::audit::{LabelCensus, census_embedded, open_embedded_at};
-use crate::support::backends::{Backend, BackendSetup, fresh_database, pair};
+use crate::support::backends::{BackendSetup, fresh_database, pair};
 use crate::support::process::ServerProcess;
 use crate::support::service::{Service, ServiceOptions};
 use crate::support::{
@@ -22,6 +22,7 @@ use crate::support::{
     unique_order_id,
 };
 use server::carrier::{CARRIER_STATS_PATH, CarrierStats};
+use server::config::StoreKind;
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -194,7 +195,7 @@ async fn readiness(base: &str) -> u16 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_frozen_then_killed_mid_run_is_503_and_the_service_recovers_by_itself() {
-    let mut setup = BackendSetup::start(Backend::Redis).await;
+    let mut setup = BackendSetup::start(StoreKind::Redis).await;
     let service = Service::start(&setup, fault_options()).await;
     let redis = setup.redis.as_mut().expect("redis");
     let freeze = async {
@@ -292,8 +293,8 @@ fn start_postgres_again(server: &PostgresServer) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_stopped_mid_run_is_503_and_the_service_recovers_by_itself() {
     let postgres = PostgresServer::start().expect("a PostgreSQL server of this test's own");
-    let mut setup = BackendSetup::start(Backend::Embedded).await;
-    setup.backend = Backend::Postgres;
+    let mut setup = BackendSetup::start(StoreKind::Embedded).await;
+    setup.backend = StoreKind::Postgres;
     let url = fresh_database(&postgres).await;
     make_commits_survive_a_server_crash(&url).await;
     setup.postgres_url = Some(url);
@@ -377,7 +378,7 @@ impl Drop for SmallDisk {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_disk_under_the_embedded_store_is_503_and_the_service_recovers_by_itself() {
     let disk = SmallDisk::mount();
-    let mut setup = BackendSetup::start(Backend::Embedded).await;
+    let mut setup = BackendSetup::start(StoreKind::Embedded).await;
     setup.data = tempfile::tempdir_in(disk.path()).expect("data directory on the small disk");
     let work = tempfile::tempdir().expect("working directory");
     let carrier = ServerProcess::start(&["carrier", "--listen", "127.0.0.1:0"], &[], None, work.path()).await;
