@@ -1178,6 +1178,70 @@ mod tests {
         );
     }
 
+    /// The backends' sections are their store crates' own config types;
+    /// a misspelt field is refused there too, the flattened ones (the
+    /// embedded sizes, the Redis TLS files) included, and the fields only
+    /// code sets (faults, WAIT, the pool wait) are not in the file.
+    #[test]
+    fn backend_sections_refuse_unknown_fields() {
+        for (variable, field) in [
+            ("IDEM__STORE__EMBEDDED__CACHE_BYTE", "cache_byte"),
+            ("IDEM__STORE__EMBEDDED__FAULTS", "faults"),
+            ("IDEM__STORE__REDIS__CA_FIL", "ca_fil"),
+            ("IDEM__STORE__REDIS__WAIT", "wait"),
+            ("IDEM__STORE__POSTGRES__POOL_WAIT_TIMEOUT_MS", "pool_wait_timeout_ms"),
+            ("IDEM__STORE__FOUNDATIONDB__PREFIX", "prefix"),
+        ] {
+            let message = refusal(&[(variable, "1")]);
+            assert!(message.contains(field), "{variable}: {message}");
+        }
+        let config = Config::load(
+            None,
+            env(&[
+                ("IDEM__STORE__EMBEDDED__CACHE_BYTES", "2097152"),
+                ("IDEM__STORE__EMBEDDED__DURABILITY", "sync_all"),
+                ("IDEM__STORE__REDIS__CA_FILE", r#""""#),
+                ("IDEM__STORE__FOUNDATIONDB__KEY_PREFIX", "app"),
+                ("IDEM__STORE__FOUNDATIONDB__CLUSTER_FILE", r#""""#),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(config.store.embedded.sizes.cache_bytes, 2_097_152);
+        assert_eq!(config.store.embedded.durability, store_fdb::Durability::SyncAll);
+        assert_eq!(config.store.redis.tls.ca_file, None, "an empty file name is unset");
+        assert_eq!(
+            config.store.foundationdb.prefix,
+            store_fdb::KeyPrefix::Bytes(b"app".to_vec())
+        );
+        assert_eq!(config.store.foundationdb.cluster_file, None);
+    }
+
+    #[test]
+    fn every_store_kind_is_named_once() {
+        for kind in StoreKind::ALL {
+            assert_eq!(kind.name().parse::<StoreKind>(), Ok(kind));
+            let config = Config::load(None, env(&[("IDEM__STORE__KIND", kind.name())]));
+            // Every name is a config value; some kinds need more settings.
+            if let Err(error) = config {
+                assert!(!error.to_string().contains("unknown variant"), "{kind}: {error}");
+            }
+        }
+        assert!(
+            StoreKind::SELF_STARTED
+                .iter()
+                .all(|kind| kind.cargo_feature().is_none())
+        );
+    }
+
+    #[test]
+    fn memory_records_keep_labels_apart_like_redis() {
+        let memory = ("IDEM__STORE__KIND", "memory");
+        let config = Config::load(None, env(&[memory])).unwrap();
+        assert_eq!(config.store.labels_kind(), LabelsKind::Embedded);
+        let with_records = refusal(&[memory, ("IDEM__STORE__LABELS", "with_records")]);
+        assert!(with_records.contains("store.labels"), "{with_records}");
+    }
+
     #[test]
     fn labels_go_only_where_a_team_would_put_them() {
         let redis = ("IDEM__STORE__REDIS__URLS", r#"["redis://127.0.0.1:6379"]"#);

@@ -241,7 +241,7 @@ async fn a_carrier_401_releases_the_key_and_the_retry_buys() {
     let body = label_body(order_id(), 1);
     let refused = server.post_label(Some(ALICE), Some(&key), &body).await;
     assert_eq!(
-        (refused.status, refused.code().as_str()),
+        (refused.status, refused.problem_code().as_str()),
         (503, "downstream_unavailable"),
         "{}",
         refused.text()
@@ -277,7 +277,7 @@ async fn a_malformed_label_id_answers_503_not_500() {
     let body = label_body(order_id(), 1);
     let first = server.post_label(Some(ALICE), Some(&key), &body).await;
     assert_eq!(
-        (first.status, first.code().as_str()),
+        (first.status, first.problem_code().as_str()),
         (503, "downstream_unavailable"),
         "{}",
         first.text()

@@ -81,9 +81,9 @@ pub async fn concurrent_repeat_gets_409_then_the_replay(backend: StoreKind) {
     let (first, second) = tokio::join!(first, second);
     assert_eq!(first.status, 201, "{}", first.text());
     assert_eq!(second.status, 409, "{}", second.text());
-    assert_eq!(second.code(), "request_in_progress");
+    assert_eq!(second.problem_code(), "request_in_progress");
     // "Wait briefly": the lease's remaining 30 s capped at server.retry_after_s.
-    assert_eq!(second.retry_after(), 1, "Retry-After of a 409");
+    assert_eq!(second.retry_after_s(), 1, "Retry-After of a 409");
     let third = server.post_label(Some(ALICE), Some(&key), &body).await;
     assert_eq!((third.status, third.header("idempotent-replayed")), (201, Some("true")));
     assert_eq!(third.body, first.body);
@@ -127,7 +127,10 @@ pub async fn same_key_with_another_body_is_422(backend: StoreKind) {
     let first = server.post_label(Some(ALICE), Some(&key), &label_body(order, 1)).await;
     assert_eq!(first.status, 201);
     let reused = server.post_label(Some(ALICE), Some(&key), &label_body(order, 2)).await;
-    assert_eq!((reused.status, reused.code().as_str()), (422, "idempotency_key_reused"));
+    assert_eq!(
+        (reused.status, reused.problem_code().as_str()),
+        (422, "idempotency_key_reused")
+    );
     let replay = server.post_label(Some(ALICE), Some(&key), &label_body(order, 1)).await;
     assert_eq!(replay.body, first.body);
 
@@ -143,7 +146,10 @@ pub async fn same_key_with_another_body_is_422(backend: StoreKind) {
     };
     let (slow, clash) = tokio::join!(slow, clash);
     assert_eq!(slow.status, 201);
-    assert_eq!((clash.status, clash.code().as_str()), (422, "idempotency_key_reused"));
+    assert_eq!(
+        (clash.status, clash.problem_code().as_str()),
+        (422, "idempotency_key_reused")
+    );
     server.shutdown().await;
 }
 
@@ -154,7 +160,7 @@ pub async fn key_header_errors_and_the_quoted_form(backend: StoreKind) {
     let body = label_body(order_id(), 1);
     let missing = server.post_label(Some(ALICE), None, &body).await;
     assert_eq!(
-        (missing.status, missing.code().as_str()),
+        (missing.status, missing.problem_code().as_str()),
         (400, "idempotency_key_missing")
     );
     for invalid in [
@@ -165,7 +171,7 @@ pub async fn key_header_errors_and_the_quoted_form(backend: StoreKind) {
     ] {
         let reply = server.post_label(Some(ALICE), Some(&invalid), &body).await;
         assert_eq!(
-            (reply.status, reply.code().as_str()),
+            (reply.status, reply.problem_code().as_str()),
             (400, "idempotency_key_invalid"),
             "{invalid:?}"
         );
@@ -197,7 +203,11 @@ pub async fn invalid_request_frees_the_key(backend: StoreKind) {
         "not json".to_owned(),
     ] {
         let reply = server.post_label(Some(ALICE), Some(&key), &bad).await;
-        assert_eq!((reply.status, reply.code().as_str()), (400, "invalid_request"), "{bad}");
+        assert_eq!(
+            (reply.status, reply.problem_code().as_str()),
+            (400, "invalid_request"),
+            "{bad}"
+        );
     }
     let corrected = server.post_label(Some(ALICE), Some(&key), &label_body(order, 1)).await;
     assert_eq!(
@@ -219,7 +229,7 @@ pub async fn unknown_callers_are_refused(backend: StoreKind) {
     for token in [None, Some("demo-token"), Some("not-a-token")] {
         let reply = server.post_label(token, Some(&fresh_key()), &body).await;
         assert_eq!(
-            (reply.status, reply.code().as_str()),
+            (reply.status, reply.problem_code().as_str()),
             (401, "unauthorized"),
             "{token:?}"
         );
@@ -252,7 +262,7 @@ pub async fn callers_are_isolated(backend: StoreKind) {
     let alice_location = alice.header("location").unwrap();
     assert_eq!(server.get(alice_location, Some(ALICE)).await.status, 200);
     let stolen = server.get(alice_location, Some(BOB)).await;
-    assert_eq!((stolen.status, stolen.code().as_str()), (404, "not_found"));
+    assert_eq!((stolen.status, stolen.problem_code().as_str()), (404, "not_found"));
     let stats = server.carrier_stats().await;
     assert_eq!(
         stats.purchases_by_carrier_key.len(),
@@ -301,11 +311,11 @@ pub async fn unknown_carrier_outcomes_release_and_the_retry_buys_once(backend: S
         let (key, order) = (fresh_key(), order_id());
         let failed = server.post_label(Some(ALICE), Some(&key), &label_body(order, 1)).await;
         assert_eq!(
-            (failed.status, failed.code().as_str()),
+            (failed.status, failed.problem_code().as_str()),
             (503, "downstream_unavailable"),
             "{fault:?}"
         );
-        assert!(failed.retry_after() >= 1);
+        assert!(failed.retry_after_s() >= 1);
         let retried = server.post_label(Some(ALICE), Some(&key), &label_body(order, 1)).await;
         assert_eq!(
             retried.status,
@@ -347,7 +357,7 @@ pub async fn carrier_timeout_then_retry_gets_the_same_label(backend: StoreKind) 
     let (key, order) = (fresh_key(), order_id());
     let timed_out = server.post_label(Some(ALICE), Some(&key), &label_body(order, 1)).await;
     assert_eq!(
-        (timed_out.status, timed_out.code().as_str()),
+        (timed_out.status, timed_out.problem_code().as_str()),
         (503, "downstream_unavailable")
     );
     let mut answer = None;
@@ -357,7 +367,10 @@ pub async fn carrier_timeout_then_retry_gets_the_same_label(backend: StoreKind) 
             answer = Some(reply);
             break;
         }
-        assert_eq!((reply.status, reply.code().as_str()), (503, "downstream_unavailable"));
+        assert_eq!(
+            (reply.status, reply.problem_code().as_str()),
+            (503, "downstream_unavailable")
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let answer = answer.expect("a retry succeeds once the carrier's purchase completed");
@@ -376,7 +389,7 @@ pub async fn carrier_timeout_then_retry_gets_the_same_label(backend: StoreKind) 
 pub async fn reads_and_probes(backend: StoreKind) {
     let server = TestServer::start(backend).await;
     let missing = server.get("/v1/labels/lbl_ffffffffffffffff", Some(ALICE)).await;
-    assert_eq!((missing.status, missing.code().as_str()), (404, "not_found"));
+    assert_eq!((missing.status, missing.problem_code().as_str()), (404, "not_found"));
     let health = server.get("/healthz", None).await;
     assert_eq!((health.status, health.json()["status"].as_str()), (200, Some("ok")));
     let ready = server.get("/readyz", None).await;
@@ -392,7 +405,10 @@ pub async fn oversized_bodies_are_413(backend: StoreKind) {
     let padding = "x".repeat(server::config::BODY_BYTES_MAX);
     let huge = format!(r#"{{"order_id":1,"parcel_no":1,"weight_g":1,"service":"ground","pad":"{padding}"}}"#);
     let reply = server.post_label(Some(ALICE), Some(&key), &huge).await;
-    assert_eq!((reply.status, reply.code().as_str()), (413, "payload_too_large"));
+    assert_eq!(
+        (reply.status, reply.problem_code().as_str()),
+        (413, "payload_too_large")
+    );
     let normal = server
         .post_label(Some(ALICE), Some(&key), &label_body(order_id(), 1))
         .await;

@@ -26,7 +26,7 @@ async fn requests_beyond_the_in_flight_cap_are_refused_at_once() {
     };
     let (busy, (shed, waited)) = tokio::join!(busy, shed);
     assert_eq!(busy.status, 201);
-    assert_eq!((shed.status, shed.code().as_str()), (503, "overloaded"));
+    assert_eq!((shed.status, shed.problem_code().as_str()), (503, "overloaded"));
     assert!(
         waited < Duration::from_millis(500),
         "shed at once, not queued: {waited:?}"
@@ -63,7 +63,7 @@ async fn work_left_running_by_a_hung_up_client_holds_its_slot_until_done() {
         .post_label(Some(ALICE), Some(&fresh_key()), &label_body(order_id(), 1))
         .await;
     assert_eq!(
-        (meanwhile.status, meanwhile.code().as_str()),
+        (meanwhile.status, meanwhile.problem_code().as_str()),
         (503, "overloaded"),
         "the abandoned attempt still holds the only slot"
     );
@@ -86,8 +86,11 @@ async fn a_request_over_budget_times_out_but_its_work_completes_and_replays() {
     let (key, order) = (fresh_key(), order_id());
     let started = Instant::now();
     let timed_out = server.post_label(Some(ALICE), Some(&key), &label_body(order, 1)).await;
-    assert_eq!((timed_out.status, timed_out.code().as_str()), (503, "request_timeout"));
-    assert!(timed_out.retry_after() >= 1);
+    assert_eq!(
+        (timed_out.status, timed_out.problem_code().as_str()),
+        (503, "request_timeout")
+    );
+    assert!(timed_out.retry_after_s() >= 1);
     assert!(started.elapsed() < Duration::from_millis(700), "answered at the budget");
     tokio::time::sleep(Duration::from_millis(900)).await;
     let replay = server.post_label(Some(ALICE), Some(&key), &label_body(order, 1)).await;

@@ -44,12 +44,12 @@ async fn redis_out_of_memory_is_503_store_unavailable_for_new_keys_and_replays()
         .await;
     for (name, reply) in [("new key", &new), ("replay", &replay)] {
         assert_eq!(
-            (reply.status, reply.code().as_str()),
+            (reply.status, reply.problem_code().as_str()),
             (503, "store_unavailable"),
             "{name}: {}",
             reply.text()
         );
-        assert!(reply.retry_after() >= 1, "{name}");
+        assert!(reply.retry_after_s() >= 1, "{name}");
     }
 
     // Nothing was written: with memory again, the replay replays and the

@@ -2,7 +2,7 @@
 //! JSON (415) and a method a path does not serve (405), both as problem
 //! details, leaving the key free.
 
-use crate::common::{ALICE, Reply, TestServer, client, fresh_key, label_body, order_id};
+use crate::common::{ALICE, Reply, TestServer, client, fresh_key, label_body, order_id, read_documented};
 use server::config::StoreKind;
 
 async fn post_label_as(server: &TestServer, content_type: Option<&str>, key: &str, body: &str) -> Reply {
@@ -14,7 +14,7 @@ async fn post_label_as(server: &TestServer, content_type: Option<&str>, key: &st
     if let Some(content_type) = content_type {
         request = request.header("content-type", content_type);
     }
-    Reply::read("POST", "/v1/labels", request.send().await.expect("server answers")).await
+    read_documented("POST", "/v1/labels", request.send().await.expect("server answers")).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -24,7 +24,7 @@ async fn a_body_not_declared_json_is_415_and_the_key_stays_free() {
     for content_type in [Some("text/plain"), Some("application/x-www-form-urlencoded"), None] {
         let refused = post_label_as(&server, content_type, &key, &body).await;
         assert_eq!(
-            (refused.status, refused.code().as_str()),
+            (refused.status, refused.problem_code().as_str()),
             (415, "unsupported_media_type"),
             "{content_type:?}"
         );

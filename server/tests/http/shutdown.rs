@@ -39,7 +39,7 @@ async fn readiness_fails_first_then_the_listener_closes_all_within_the_grace_per
     // A fresh connection (a new client) is still accepted, and told "not ready".
     let ready = server.get("/readyz", None).await;
     assert_eq!(
-        (ready.status, ready.code().as_str()),
+        (ready.status, ready.problem_code().as_str()),
         (503, "shutting_down"),
         "{}",
         ready.text()

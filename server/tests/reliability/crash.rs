@@ -21,7 +21,7 @@
 
 use crate::support::audit::{LabelCensus, census_postgres, open_embedded_at};
 use crate::support::backends::{BackendSetup, pair};
-use crate::support::process::ServerProcess;
+use crate::support::process::{ServerProcess, start_server};
 use crate::support::{
     ALICE_ID, LabelPost, Reply, callers_env, client, derived_key, label_body, metric_value, metrics_text, scaled, seed,
     unique_order_id,
@@ -128,7 +128,7 @@ impl Driver {
         let sent = post.send(&self.http, &url);
         tokio::select! {
             reply = sent => Attempt::Answered(reply.expect("the server answers while it is not killed")),
-            Some(point) = process.wait_for_failpoint(Duration::from_secs(3600)) => Attempt::Crashed(point),
+            Some(point) = process.wait_for_marked_line(Duration::from_secs(3600)) => Attempt::Crashed(point),
         }
     }
 
@@ -219,7 +219,7 @@ impl Driver {
             assert_eq!(replay.body, first.body, "the replay differs from the answer given");
         }
         self.read_counters(&process).await;
-        let status = process.terminate().await;
+        let status = process.terminate().await.0;
         assert!(status.success(), "the last process stops cleanly");
     }
 }
@@ -269,7 +269,7 @@ async fn crash_run(backend: StoreKind) {
         pair("IDEM__CARRIER__SIMULATOR__LATENCY_MS_MIN", 0),
         pair("IDEM__CARRIER__SIMULATOR__LATENCY_MS_MAX", 2),
     ];
-    let carrier = ServerProcess::start(
+    let carrier = start_server(
         &["carrier", "--listen", "127.0.0.1:0"],
         &carrier_env,
         None,
@@ -291,14 +291,14 @@ async fn crash_run(backend: StoreKind) {
         // parcels as well as over the recovery of the crashed one.
         let passes = rng.random_range(0..=PASSES_BEFORE_CRASH_MAX);
         let failpoints_setting = format!("{point}={passes}*off->return");
-        let process = ServerProcess::start(&[], &env, Some(&failpoints_setting), setup.data.path()).await;
+        let process = start_server(&[], &env, Some(&failpoints_setting), setup.data.path()).await;
         driver.crash_one(process).await;
     }
     driver
-        .finish(ServerProcess::start(&[], &env, None, setup.data.path()).await)
+        .finish(start_server(&[], &env, None, setup.data.path()).await)
         .await;
     let stats = carrier_stats(&driver.http, &carrier.url).await;
-    let _ = carrier.terminate().await;
+    let _ = carrier.terminate().await.0;
     let census = census(&setup).await;
     judge(backend, &mut driver, &stats, &census, started.elapsed());
 }

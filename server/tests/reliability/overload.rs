@@ -8,7 +8,7 @@
 //! admitted creates must hold near the baseline.
 
 use crate::support::backends::{BackendSetup, pair};
-use crate::support::process::ServerProcess;
+use crate::support::process::{ServerProcess, start_server};
 use crate::support::{LabelPost, callers_env, derived_key, label_body, unique_order_id};
 use server::config::StoreKind;
 use std::sync::Mutex;
@@ -112,7 +112,7 @@ async fn ten_times_the_in_flight_cap_is_shed_fast_in_bounded_memory_and_throughp
         pair("IDEM__CARRIER__SIMULATOR__LATENCY_MS_MIN", CARRIER_LATENCY_MS),
         pair("IDEM__CARRIER__SIMULATOR__LATENCY_MS_MAX", CARRIER_LATENCY_MS),
     ];
-    let carrier = ServerProcess::start(
+    let carrier = start_server(
         &["carrier", "--listen", "127.0.0.1:0"],
         &carrier_env,
         None,
@@ -126,7 +126,7 @@ async fn ten_times_the_in_flight_cap_is_shed_fast_in_bounded_memory_and_throughp
         pair("IDEM__CALLERS", callers_env()),
         pair("IDEM__CARRIER__URL", &carrier.url),
     ]);
-    let server = ServerProcess::start(&[], &env, None, setup.data.path()).await;
+    let server = start_server(&[], &env, None, setup.data.path()).await;
     let peak_kib = AtomicU64::new(0);
     let baseline = run_phase(&server, IN_FLIGHT_MAX, &peak_kib).await;
     let baseline_peak_kib = peak_kib.swap(0, Ordering::Relaxed);
@@ -168,6 +168,6 @@ async fn ten_times_the_in_flight_cap_is_shed_fast_in_bounded_memory_and_throughp
         overload_rate >= baseline_rate * THROUGHPUT_HELD_SHARE_MIN,
         "admitted {overload_rate:.0}/s under overload against {baseline_rate:.0}/s at the cap"
     );
-    let _ = server.terminate().await;
-    let _ = carrier.terminate().await;
+    let _ = server.terminate().await.0;
+    let _ = carrier.terminate().await.0;
 }

@@ -15,7 +15,7 @@
 
 use crate::support::audit::{LabelCensus, census_embedded, open_embedded_at};
 use crate::support::backends::{BackendSetup, fresh_database, pair};
-use crate::support::process::ServerProcess;
+use crate::support::process::start_server;
 use crate::support::service::{Service, ServiceOptions};
 use crate::support::{
     ALICE_ID, LabelPost, Reply, callers_env, client, derived_key, label_body, metric_value, metrics_text,
@@ -381,7 +381,7 @@ async fn a_full_disk_under_the_embedded_store_is_503_and_the_service_recovers_by
     let mut setup = BackendSetup::start(StoreKind::Embedded).await;
     setup.data = tempfile::tempdir_in(disk.path()).expect("data directory on the small disk");
     let work = tempfile::tempdir().expect("working directory");
-    let carrier = ServerProcess::start(&["carrier", "--listen", "127.0.0.1:0"], &[], None, work.path()).await;
+    let carrier = start_server(&["carrier", "--listen", "127.0.0.1:0"], &[], None, work.path()).await;
     let mut env = setup.env();
     env.extend([
         pair("IDEM__SERVER__LISTEN", "127.0.0.1:0"),
@@ -391,7 +391,7 @@ async fn a_full_disk_under_the_embedded_store_is_503_and_the_service_recovers_by
         pair("IDEM__CARRIER__TIMEOUT_MS", 1_000),
         pair("IDEM__CARRIER__URL", &carrier.url),
     ]);
-    let server = ServerProcess::start(&[], &env, None, work.path()).await;
+    let server = start_server(&[], &env, None, work.path()).await;
     let outage = async {
         tokio::time::sleep(Duration::from_millis(300)).await;
         let ballast = tokio::task::block_in_place(|| disk.fill());
@@ -408,7 +408,7 @@ async fn a_full_disk_under_the_embedded_store_is_503_and_the_service_recovers_by
     let exposition = metrics_text(&client(), &server.url).await;
     let reopens = metric_value(&exposition, "idem_embedded_reopens_total", &[]);
     assert!(reopens >= 1.0, "the reopen is counted: {reopens}");
-    let _ = server.terminate().await;
+    let _ = server.terminate().await.0;
     let stats: CarrierStats = client()
         .get(format!("{}{CARRIER_STATS_PATH}", carrier.url))
         .send()
