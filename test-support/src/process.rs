@@ -21,6 +21,8 @@ pub const STARTUP_MS_MAX: u64 = 30_000;
 pub const STOP_MS_MAX: u64 = 30_000;
 /// Lines of a process's output kept (the last ones).
 pub const LOG_LINES_MAX: usize = 2_000;
+/// Bytes of the end of its log a start-up error shows.
+pub const LOG_TAIL_BYTES_MAX: usize = 4_000;
 /// Pause between readiness probes, and between exit checks on drop.
 const POLL_MS: u64 = 50;
 /// Longest one readiness probe waits.
@@ -172,7 +174,9 @@ impl ServerProcess {
             Ok(Some(url)) => Ok(url),
             // Output closed without the line: the process ended.
             Ok(None) => Err(self.exited_while_starting().await),
-            Err(_) => Err(ProcessError::NotReady { log: self.log() }),
+            Err(_) => Err(ProcessError::NotReady {
+                log: self.log_tail(LOG_TAIL_BYTES_MAX),
+            }),
         }
     }
 
@@ -193,7 +197,9 @@ impl ServerProcess {
             }
             tokio::time::sleep(Duration::from_millis(POLL_MS)).await;
         }
-        Err(ProcessError::NotReady { log: self.log() })
+        Err(ProcessError::NotReady {
+            log: self.log_tail(LOG_TAIL_BYTES_MAX),
+        })
     }
 
     async fn exited_while_starting(&mut self) -> ProcessError {
@@ -204,7 +210,7 @@ impl ServerProcess {
         self.drain_output().await;
         ProcessError::Exited {
             status,
-            log: self.log(),
+            log: self.log_tail(LOG_TAIL_BYTES_MAX),
         }
     }
 
@@ -260,6 +266,16 @@ impl ServerProcess {
     pub fn log(&self) -> String {
         let log = self.log.lock().unwrap_or_else(PoisonError::into_inner);
         log.iter().map(String::as_str).collect::<Vec<_>>().join("\n")
+    }
+
+    /// The last `bytes_max` bytes of the log (whole characters).
+    pub fn log_tail(&self, bytes_max: usize) -> String {
+        let log = self.log();
+        let start = log.len().saturating_sub(bytes_max);
+        let start = (start..log.len())
+            .find(|at| log.is_char_boundary(*at))
+            .unwrap_or(log.len());
+        log[start..].to_owned()
     }
 
     /// The process's resident set size (VmRSS), in KiB.

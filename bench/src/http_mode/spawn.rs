@@ -13,10 +13,8 @@ use test_support::process::{OnDrop, ProcessError, ProcessSpec, Readiness, Server
 pub const SERVER_BINARY: &str = "server";
 /// Environment variable naming the server binary, for tests and CI.
 pub const SERVER_BINARY_VARIABLE: &str = "IDEM_SERVER_BIN";
-/// Longest wait for a spawned server to answer `/readyz`.
-pub const READY_MS_MAX: u64 = test_support::process::STARTUP_MS_MAX;
 /// Bytes of the server's log shown when it fails.
-const LOG_TAIL_BYTES_MAX: usize = 4_000;
+const LOG_TAIL_BYTES_MAX: usize = test_support::process::LOG_TAIL_BYTES_MAX;
 #[derive(Debug, thiserror::Error)]
 pub enum SpawnError {
     #[error(
@@ -25,12 +23,9 @@ pub enum SpawnError {
     BinaryMissing(String),
     #[error("{0}")]
     Backend(String),
-    #[error("could not start {program}: {source}")]
-    Start { program: String, source: std::io::Error },
-    #[error("the server did not become ready within {READY_MS_MAX} ms; end of its log:\n{log}")]
-    NotReady { log: String },
-    #[error("the server exited while starting ({status}); end of its log:\n{log}")]
-    Exited { status: String, log: String },
+    /// It did not start, or not ready (test-support's process harness).
+    #[error("the server: {0}")]
+    Process(#[from] ProcessError),
     #[error("spawn I/O: {0}")]
     Io(#[from] std::io::Error),
 }
@@ -85,24 +80,7 @@ async fn start_process(
     let mut spec = ProcessSpec::new(binary, arguments, dir);
     spec.readiness = Readiness::Probe(ready_url.to_owned());
     spec.on_drop = OnDrop::Terminate;
-    ServerProcess::start(spec).await.map_err(|error| match error {
-        ProcessError::Spawn { program, source } => SpawnError::Start { program, source },
-        ProcessError::NotReady { log } => SpawnError::NotReady { log: tail(&log) },
-        ProcessError::Exited { status, log } => SpawnError::Exited {
-            status,
-            log: tail(&log),
-        },
-        ProcessError::Io(error) => SpawnError::Io(error),
-    })
-}
-
-/// The end of a log, for an error message.
-fn tail(log: &str) -> String {
-    let start = log.len().saturating_sub(LOG_TAIL_BYTES_MAX);
-    let start = (start..log.len())
-        .find(|at| log.is_char_boundary(*at))
-        .unwrap_or(log.len());
-    log[start..].to_owned()
+    Ok(ServerProcess::start(spec).await?)
 }
 
 /// A running Label service and its carrier simulator, each a process of
@@ -138,7 +116,7 @@ impl SpawnedServer {
     pub fn log_tail(&self) -> String {
         self.services
             .iter()
-            .map(|service| tail(&service.log()))
+            .map(|service| service.log_tail(LOG_TAIL_BYTES_MAX))
             .collect::<Vec<_>>()
             .join("\n")
     }

@@ -3,7 +3,7 @@
 //! an HTTP client whose every reply is checked against the OpenAPI document.
 
 use serde_json::Value;
-use server::carrier::{CARRIER_SCRIPT_PATH, CARRIER_STATS_PATH, CarrierStats, ScriptStep, SimulatedFault};
+use server::carrier::{CARRIER_SCRIPT_PATH, CarrierStats, ScriptStep, SimulatedFault, read_stats};
 use server::config::{Config, StoreKind};
 use server::{App, RunningServer};
 use std::sync::{Arc, OnceLock};
@@ -225,9 +225,7 @@ impl TestServer {
     }
 
     pub async fn carrier_stats(&self) -> CarrierStats {
-        let url = format!("{}{CARRIER_STATS_PATH}", self.carrier);
-        let response = self.client.get(url).send().await.expect("carrier answers");
-        response.json().await.expect("stats")
+        read_stats(&self.client, &self.carrier).await.expect("carrier stats")
     }
 
     /// Makes the carrier's next call answer after `delay_ms`, normally.

@@ -3,7 +3,7 @@
 //! unreadable beforehand through the store's own API (embedded) or by
 //! writing to the server directly (Redis, PostgreSQL).
 
-use crate::common::{Reply, client, fresh_key, label_body, order_id, read_documented};
+use crate::common::{Reply, fresh_key, label_body, order_id};
 use std::path::{Path, PathBuf};
 use store_core::testkit::{claim_request, response};
 use store_core::{CallerId, ClaimOutcome, IDEMPOTENCY_KEY_BYTES_MAX, IdempotencyStore, Policy, StoreError};
@@ -305,16 +305,7 @@ async fn log_with(server: &ServerProcess, text: &str) -> String {
 }
 
 async fn post_label(base: &str, key: &str, body: &str) -> Reply {
-    let response = client()
-        .post(format!("{base}/v1/labels"))
-        .bearer_auth("demo-token")
-        .header("idempotency-key", key)
-        .header("content-type", "application/json")
-        .body(body.to_owned())
-        .send()
-        .await
-        .expect("server answers");
-    read_documented("POST", "/v1/labels", response).await
+    crate::process::post(base, server::config::DEMO_TOKEN, key, body).await
 }
 
 /// FoundationDB records (the server's `foundationdb` feature, on the

@@ -5,7 +5,7 @@
 use crate::common::{
     ALICE, Reply, callers_env, client, fresh_key, label_body, metric_value, order_id, purchases_for, read_documented,
 };
-use server::carrier::{CARRIER_SCRIPT_PATH, CARRIER_STATS_PATH, CarrierStats};
+use server::carrier::{CARRIER_SCRIPT_PATH, CarrierStats, read_stats};
 use std::path::Path;
 use std::time::Duration;
 use test_support::process::{ProcessSpec, ServerProcess};
@@ -20,7 +20,8 @@ pub(crate) async fn start(args: &[&str], env: &[(&str, String)], dir: &Path) -> 
         .unwrap_or_else(|error| panic!("the server process: {error}"))
 }
 
-async fn post(base: &str, token: &str, key: &str, body: &str) -> Reply {
+/// `POST /v1/labels` to a server process, checked against the document.
+pub(crate) async fn post(base: &str, token: &str, key: &str, body: &str) -> Reply {
     let response = client()
         .post(format!("{base}/v1/labels"))
         .bearer_auth(token)
@@ -131,12 +132,7 @@ async fn invalid_config_is_refused_naming_the_field() {
 }
 
 async fn carrier_stats(carrier: &str) -> CarrierStats {
-    let response = client()
-        .get(format!("{carrier}{CARRIER_STATS_PATH}"))
-        .send()
-        .await
-        .unwrap();
-    response.json().await.unwrap()
+    read_stats(&client(), carrier).await.expect("carrier stats")
 }
 
 /// The timeline of docs/design.md#timeline: attempt 1 buys the label and dies before

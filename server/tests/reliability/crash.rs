@@ -28,7 +28,7 @@ use crate::support::{
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use server::carrier::{CARRIER_STATS_PATH, CarrierStats};
+use server::carrier::{CarrierStats, read_stats};
 use server::config::StoreKind;
 use server::failpoints;
 use std::collections::{BTreeMap, VecDeque};
@@ -237,12 +237,7 @@ fn server_env(setup: &BackendSetup, carrier_url: &str) -> Vec<(String, String)> 
 }
 
 async fn carrier_stats(http: &reqwest::Client, carrier_url: &str) -> CarrierStats {
-    let response = http
-        .get(format!("{carrier_url}{CARRIER_STATS_PATH}"))
-        .send()
-        .await
-        .expect("stats");
-    response.json().await.expect("stats JSON")
+    read_stats(http, carrier_url).await.expect("carrier stats")
 }
 
 async fn census(setup: &BackendSetup) -> LabelCensus {

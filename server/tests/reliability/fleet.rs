@@ -21,7 +21,7 @@ use crate::support::{
     ALICE, ALICE_ID, LabelPost, callers_env, client, derived_key, label_body, scaled, unique_order_id,
 };
 use futures::StreamExt;
-use server::carrier::{CARRIER_STATS_PATH, CarrierStats};
+use server::carrier::read_stats;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -215,14 +215,7 @@ async fn audit(
     answered: &[Answered],
 ) {
     let census = census_postgres(&store.postgres_url).await;
-    let stats: CarrierStats = http
-        .get(format!("{}{CARRIER_STATS_PATH}", carrier.url))
-        .send()
-        .await
-        .expect("carrier stats")
-        .json()
-        .await
-        .expect("carrier stats JSON");
+    let stats = read_stats(http, &carrier.url).await.expect("carrier stats");
     let mut two_labels = 0;
     for intent in answered {
         let stored = census.labels_of(ALICE_ID, intent.order_id, 1);

@@ -7,7 +7,7 @@
 use crate::support::backends::{BackendSetup, pair};
 use crate::support::process::start_server;
 use crate::support::{LabelPost, client, derived_key, label_body, unique_order_id};
-use server::carrier::{CARRIER_STATS_PATH, CarrierStats};
+use server::carrier::read_stats;
 use server::config::StoreKind;
 use server::config::token_sha256;
 
@@ -85,14 +85,7 @@ async fn a_retry_across_a_token_rotation_replays_and_buys_nothing_again() {
     assert_eq!((retry.status, retry.body.clone()), (201, first.body.clone()));
     assert!(after.terminate().await.0.success());
 
-    let stats: CarrierStats = http
-        .get(format!("{}{CARRIER_STATS_PATH}", carrier.url))
-        .send()
-        .await
-        .expect("stats")
-        .json()
-        .await
-        .expect("stats JSON");
+    let stats = read_stats(&http, &carrier.url).await.expect("carrier stats");
     assert_eq!(stats.purchases_total, 1, "{stats:?}");
     let _ = carrier.terminate().await.0;
 }

@@ -21,7 +21,7 @@ use crate::support::{
     ALICE_ID, LabelPost, Reply, callers_env, client, derived_key, label_body, metric_value, metrics_text,
     unique_order_id,
 };
-use server::carrier::{CARRIER_STATS_PATH, CarrierStats};
+use server::carrier::{CarrierStats, read_stats};
 use server::config::StoreKind;
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -409,14 +409,7 @@ async fn a_full_disk_under_the_embedded_store_is_503_and_the_service_recovers_by
     let reopens = metric_value(&exposition, "idem_embedded_reopens_total", &[]);
     assert!(reopens >= 1.0, "the reopen is counted: {reopens}");
     let _ = server.terminate().await.0;
-    let stats: CarrierStats = client()
-        .get(format!("{}{CARRIER_STATS_PATH}", carrier.url))
-        .send()
-        .await
-        .expect("stats")
-        .json()
-        .await
-        .expect("stats JSON");
+    let stats = read_stats(&client(), &carrier.url).await.expect("carrier stats");
     let census = census_embedded(&open_embedded_at(&setup.embedded_path())).await;
     let summary = judge_outage("embedded", &census, &stats, &orders, &log);
     eprintln!("{summary} (disk full, freed)");

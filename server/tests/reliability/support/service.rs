@@ -149,15 +149,9 @@ impl Service {
 
     /// What the carrier sold.
     pub async fn carrier_stats(&self, client: &reqwest::Client) -> server::carrier::CarrierStats {
-        let url = format!("{}{}", self.carrier_url, server::carrier::CARRIER_STATS_PATH);
-        client
-            .get(url)
-            .send()
+        server::carrier::read_stats(client, &self.carrier_url)
             .await
-            .expect("stats")
-            .json()
-            .await
-            .expect("stats JSON")
+            .expect("carrier stats")
     }
 
     /// Rows in the record store (records, tombstones, and with embedded
