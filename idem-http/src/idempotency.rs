@@ -6,10 +6,11 @@
 use crate::Attempt;
 use crate::caller::CallerIdentity;
 use crate::error::{IdempotencyError, ProblemJson, RenderError, retry_after_seconds};
-use crate::metrics::{InvalidMetricPrefix, MetricNames};
+use crate::metrics::{InvalidMetricPrefix, MetricNames, WaitObserved, WaitOutcome};
 use crate::saved;
 use axum::http::Extensions;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
+use futures::future::BoxFuture;
 use std::any::Any;
 use std::future::Future;
 use std::sync::Arc;
@@ -66,19 +67,32 @@ struct Inner {
     caller_identity: Arc<dyn CallerIdentity>,
     render: Arc<dyn RenderError>,
     metric_names: MetricNames,
-    work_guards: Vec<TakeWorkGuard>,
+    work_guards: Vec<WorkGuardHook>,
     wait_cap_s: u64,
 }
+
+/// A work guard, type-erased, as the attempt's task holds it.
+pub(crate) type WorkGuard = Box<dyn Any + Send>;
 
 /// Takes one request extension out of the request, type-erased, for the
 /// task to hold: taken, not cloned, so that dropping it while the request
 /// waits (`Prefer: wait`) frees the slot it stands for.
-type TakeWorkGuard = fn(&mut Extensions) -> Option<Box<dyn Any + Send>>;
+type TakeWorkGuard = fn(&mut Extensions) -> Option<WorkGuard>;
 
-fn take_work_guard<T: Clone + Send + Sync + 'static>(extensions: &mut Extensions) -> Option<Box<dyn Any + Send>> {
-    extensions
-        .remove::<T>()
-        .map(|guard| Box::new(guard) as Box<dyn Any + Send>)
+/// Takes a work guard again for a request that waited and then became the
+/// attempt: the new guard, or the application's answer refusing it.
+type RegainWorkGuard = Arc<dyn Fn(&Extensions) -> BoxFuture<'static, Result<WorkGuard, Response>> + Send + Sync>;
+
+/// One guard the attempt's task holds: how it is taken from the request,
+/// and how a waiter that becomes the attempt takes it again, if it can.
+#[derive(Clone)]
+struct WorkGuardHook {
+    take: TakeWorkGuard,
+    regain: Option<RegainWorkGuard>,
+}
+
+fn take_work_guard<T: Clone + Send + Sync + 'static>(extensions: &mut Extensions) -> Option<WorkGuard> {
+    extensions.remove::<T>().map(|guard| Box::new(guard) as WorkGuard)
 }
 
 /// Builds an [`Idempotency`]; see [`Idempotency::builder`].
@@ -90,7 +104,7 @@ pub struct IdempotencyBuilder {
     store_retry_after_s: u64,
     render: Arc<dyn RenderError>,
     metric_names: MetricNames,
-    work_guards: Vec<TakeWorkGuard>,
+    work_guards: Vec<WorkGuardHook>,
     wait_cap_s: u64,
     wait_limits: Option<WaitLimits>,
 }
@@ -154,10 +168,47 @@ impl IdempotencyBuilder {
     /// that outlives its request keeps counting against the cap. The layer
     /// takes the extension out of the request (the route does not see it),
     /// and a request that waits (`Prefer: wait`) drops it when its wait
-    /// starts: a waiter holds no work slot, and one that becomes the attempt
-    /// after its wait runs without it.
+    /// starts: a waiter holds no work slot. One that becomes the attempt
+    /// after its wait runs without it; to have it take a slot again, name
+    /// the guard with [`IdempotencyBuilder::hold_during_work_regaining`]
+    /// instead.
     pub fn hold_during_work<T: Clone + Send + Sync + 'static>(mut self) -> Self {
-        self.work_guards.push(take_work_guard::<T>);
+        self.work_guards.push(WorkGuardHook {
+            take: take_work_guard::<T>,
+            regain: None,
+        });
+        self
+    }
+
+    /// As [`IdempotencyBuilder::hold_during_work`], and a request that
+    /// waited (`Prefer: wait`, holding no slot meanwhile) and then became
+    /// the attempt takes a new `T` from `regain` before the route runs, so
+    /// work never runs outside the application's cap on it
+    /// (docs/design.md#waiting). `regain` gets the request's extensions
+    /// (the `T` itself was taken out); it may wait, as the application's own
+    /// admission would. When it refuses, the key the waiter claimed is
+    /// released (the next waiter or retry takes over) and the refusal is
+    /// the answer.
+    pub fn hold_during_work_regaining<T, Regain, Regained, Refusal>(mut self, regain: Regain) -> Self
+    where
+        T: Clone + Send + Sync + 'static,
+        Regain: Fn(&Extensions) -> Regained + Send + Sync + 'static,
+        Regained: Future<Output = Result<T, Refusal>> + Send + 'static,
+        Refusal: IntoResponse,
+    {
+        let regain: RegainWorkGuard = Arc::new(move |extensions: &Extensions| {
+            let regained = regain(extensions);
+            Box::pin(async move {
+                match regained.await {
+                    Ok(guard) => Ok(Box::new(guard) as WorkGuard),
+                    Err(refusal) => Err(refusal.into_response()),
+                }
+            })
+        });
+        self.work_guards.push(WorkGuardHook {
+            take: take_work_guard::<T>,
+            regain: Some(regain),
+        });
         self
     }
 
@@ -300,12 +351,24 @@ impl Idempotency {
 
     /// The guards the application asked the attempt's task to hold, taken
     /// out of the request.
-    pub(crate) fn work_guards(&self, extensions: &mut Extensions) -> Vec<Box<dyn Any + Send>> {
+    pub(crate) fn work_guards(&self, extensions: &mut Extensions) -> Vec<WorkGuard> {
         self.inner
             .work_guards
             .iter()
-            .filter_map(|take| take(extensions))
+            .filter_map(|hook| (hook.take)(extensions))
             .collect()
+    }
+
+    /// The guards a waiter that became the attempt takes again, from the
+    /// hooks named with [`IdempotencyBuilder::hold_during_work_regaining`],
+    /// in order; the first refusal is the answer (guards already taken
+    /// again are dropped with it).
+    pub(crate) async fn regain_work_guards(&self, extensions: &Extensions) -> Result<Vec<WorkGuard>, Response> {
+        let mut guards = Vec::new();
+        for regain in self.inner.work_guards.iter().filter_map(|hook| hook.regain.as_ref()) {
+            guards.push(regain(extensions).await?);
+        }
+        Ok(guards)
     }
 
     /// The longest wait granted to `Prefer: wait` ([`IdempotencyBuilder::wait_cap_s`]).
@@ -336,7 +399,8 @@ impl Idempotency {
     /// to end (RFC 7240 `Prefer: wait`, docs/design.md#waiting).
     /// `before_waiting` runs once, when the wait starts: the layer drops the
     /// work slot there, so a waiter holds no worker. `hung_up` ends the wait
-    /// (never a claim) when the client is gone.
+    /// (never a claim) when the client is gone. Every wait is counted in the
+    /// wait metrics ([`crate::metrics::WaitOutcome`]).
     pub(crate) async fn begin_waiting(
         &self,
         caller: CallerId,
@@ -359,31 +423,54 @@ impl Idempotency {
             return BegunWaiting::without_waiting(Err(self.in_progress(retry_after_ms)));
         }
         before_waiting();
+        let observed = WaitObserved::start(self.metric_names());
         let until = tokio::time::Instant::now() + Duration::from_secs(applied_wait_s);
-        let waited = match claim_waiting(self.store().as_ref(), &request, until, hung_up).await {
+        let waited = claim_waiting(self.store().as_ref(), &request, until, hung_up).await;
+        let (begun, outcome) = self.after_waiting(waited, &request, fingerprint);
+        observed.end(outcome);
+        // Refused (a waiter cap) or gone: not waited, so nothing applied.
+        let waited_in_full = !matches!(outcome, WaitOutcome::RefusedCap | WaitOutcome::ClientGone);
+        BegunWaiting {
+            begun,
+            applied_wait_s: waited_in_full.then_some(applied_wait_s),
+        }
+    }
+
+    /// The answer to a request that waited, and how its wait ended.
+    fn after_waiting(
+        &self,
+        waited: Result<WaitedClaim, StoreError>,
+        request: &ClaimRequest,
+        fingerprint: Fingerprint,
+    ) -> (Result<Begun, IdempotencyError>, WaitOutcome) {
+        let waited = match waited {
             Ok(waited) => waited,
             Err(error) => {
                 if error.is_retryable() {
                     // The claim's reply was lost: it may hold a lease no one
                     // holds, as in `claim_resending`.
-                    self.release_orphan_in_background(&request);
+                    self.release_orphan_in_background(request);
                 }
-                return BegunWaiting::without_waiting(Err(self.store_error(&error)));
+                return (Err(self.store_error(&error)), WaitOutcome::Error);
             }
+        };
+        let outcome = match &waited {
+            WaitedClaim::Decided(ClaimOutcome::Acquired(_)) => WaitOutcome::BecameAttempt,
+            WaitedClaim::Decided(ClaimOutcome::Replay(_)) => WaitOutcome::Replayed,
+            WaitedClaim::Decided(ClaimOutcome::Mismatch) => WaitOutcome::KeyReused,
+            WaitedClaim::Decided(ClaimOutcome::InProgress { .. }) | WaitedClaim::StillInProgress { .. } => {
+                WaitOutcome::TimedOut
+            }
+            WaitedClaim::Refused { .. } => WaitOutcome::RefusedCap,
+            WaitedClaim::Stopped { .. } => WaitOutcome::ClientGone,
         };
         let begun = match waited {
-            WaitedClaim::Decided(ClaimOutcome::InProgress { retry_after_ms })
-            | WaitedClaim::StillInProgress { retry_after_ms } => Err(self.in_progress(retry_after_ms)),
-            WaitedClaim::Decided(outcome) => self.decided(outcome, &request, fingerprint),
-            WaitedClaim::Refused { retry_after_ms, .. } | WaitedClaim::Stopped { retry_after_ms } => {
-                // Refused (a waiter cap) or gone: not waited, so nothing applied.
-                return BegunWaiting::without_waiting(Err(self.in_progress(retry_after_ms)));
-            }
+            WaitedClaim::Decided(outcome) => self.decided(outcome, request, fingerprint),
+            WaitedClaim::StillInProgress { retry_after_ms }
+            | WaitedClaim::Refused { retry_after_ms, .. }
+            | WaitedClaim::Stopped { retry_after_ms } => Err(self.in_progress(retry_after_ms)),
         };
-        BegunWaiting {
-            begun,
-            applied_wait_s: Some(applied_wait_s),
-        }
+        (begun, outcome)
     }
 
     /// The answer to a claim that is no longer in progress (or is, for 409).

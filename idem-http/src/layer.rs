@@ -10,7 +10,8 @@
 //!    409 with `Retry-After`, 422, or 503 when the store is down; a request
 //!    with `Prefer: wait=N` that finds the key in progress first waits up to
 //!    `min(N, cap)` seconds for the other attempt to end, holding no work
-//!    slot meanwhile (docs/design.md#waiting),
+//!    slot meanwhile, and takes one again if it becomes the attempt
+//!    (docs/design.md#waiting),
 //! 5. runs the route with the [`Attempt`] in the request's extensions, and
 //!    finishes the attempt by the route's answer and the layer's
 //!    [`FinishPolicy`] unless the route took it (the handler-level API).
@@ -31,7 +32,7 @@
 
 use crate::attempt::{Attempt, PendingAttempt};
 use crate::error::IdempotencyError;
-use crate::idempotency::{Begun, Idempotency};
+use crate::idempotency::{Begun, Idempotency, WorkGuard};
 use crate::key_header::idempotency_key;
 use crate::policy::FinishPolicy;
 use crate::prefer::{PREFERENCE_APPLIED_HEADER, prefer_wait_seconds};
@@ -41,7 +42,6 @@ use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::Response;
 use futures::future::BoxFuture;
 use http_body_util::BodyExt;
-use std::any::Any;
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -145,7 +145,7 @@ where
                             let (attempt, request) = *claimed;
                             return run_route(attempt, inner, request, &finish_policy).await;
                         }
-                        Ok(Claimed::Replay(response)) => response,
+                        Ok(Claimed::Answer(response)) => response,
                         Err(error) => idempotency.render(error),
                     };
                     if let Some(seconds) = applied_wait_s
@@ -181,7 +181,9 @@ struct Prepared {
 enum Claimed {
     /// Boxed: the attempt and the request are large, and this is built once per request.
     Run(Box<(Attempt, Request)>),
-    Replay(Response),
+    /// Answered without running the route: a replay, or a waiter that
+    /// became the attempt but was refused a work slot.
+    Answer(Response),
 }
 
 /// Steps 1 to 3: the caller, the key, the bounded body and the fingerprint.
@@ -210,12 +212,13 @@ async fn prepare(
 }
 
 /// The work guards a task holds; emptied while it waits.
-type WorkGuards = Vec<Box<dyn Any + Send>>;
+type WorkGuards = Vec<WorkGuard>;
 
 /// Step 4: claim the key, waiting if the request asked to. Gives back the
-/// wait applied (for `Preference-Applied`) and the guards still held: none
-/// once the request waited, so a waiter that becomes the attempt runs
-/// without the slot (docs/design.md#waiting: a waiter holds no work slot).
+/// wait applied (for `Preference-Applied`) and the guards held for the
+/// route: those of the request when it did not wait; when it waited (and
+/// held none meanwhile: docs/design.md#waiting), those it took again on
+/// becoming the attempt ([`regain_work_guards`]).
 async fn claim(
     idempotency: &Idempotency,
     prepared: Prepared,
@@ -230,7 +233,7 @@ async fn claim(
         wait_s,
     } = prepared;
     let claimed = |begun: Begun| match begun {
-        Begun::Replay(response) => Claimed::Replay(response),
+        Begun::Replay(response) => Claimed::Answer(response),
         Begun::Acquired(attempt) => Claimed::Run(Box::new((attempt, request))),
     };
     let Some(wait_s) = wait_s else {
@@ -251,11 +254,32 @@ async fn claim(
             hung_up.cancelled_owned(),
         )
         .await;
-    (
-        waited.begun.map(claimed),
-        waited.applied_wait_s,
-        guards.unwrap_or_default(),
-    )
+    let claimed = waited.begun.map(claimed);
+    let (claimed, guards) = match guards {
+        Some(guards) => (claimed, guards),
+        None => regain_work_guards(idempotency, claimed).await,
+    };
+    (claimed, waited.applied_wait_s, guards)
+}
+
+/// A waiter gave its work guards up while it waited; one that became the
+/// attempt takes them again before the route runs, so no work runs outside
+/// the application's cap on it. Refused, it releases the key it claimed
+/// (the next waiter or retry takes over at once) and answers with the
+/// refusal.
+async fn regain_work_guards(
+    idempotency: &Idempotency,
+    claimed: Result<Claimed, IdempotencyError>,
+) -> (Result<Claimed, IdempotencyError>, WorkGuards) {
+    let run = match claimed {
+        Ok(Claimed::Run(run)) => run,
+        answered => return (answered, WorkGuards::new()),
+    };
+    let (attempt, request) = *run;
+    match idempotency.regain_work_guards(request.extensions()).await {
+        Ok(guards) => (Ok(Claimed::Run(Box::new((attempt, request)))), guards),
+        Err(refusal) => (Ok(Claimed::Answer(attempt.release(refusal).await)), WorkGuards::new()),
+    }
 }
 
 /// Most bytes of an oversized body read and discarded before answering 413.

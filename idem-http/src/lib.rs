@@ -23,7 +23,9 @@
 //!   ([`IdempotencyError`], rendered as RFC 9457 problem details by
 //!   [`ProblemJson`] unless the application gives a [`RenderError`]), the
 //!   metric prefix ([`metrics`]), what the attempt's task holds while it
-//!   runs ([`IdempotencyBuilder::hold_during_work`]), and the clock it reads
+//!   runs ([`IdempotencyBuilder::hold_during_work`]; with
+//!   [`IdempotencyBuilder::hold_during_work_regaining`], how a request
+//!   that waited takes it again when it becomes the attempt), and the clock it reads
 //!   ([`IdempotencyBuilder::clock`]: the one the store reads, so tests can
 //!   end a lease by moving a [`store_core::ManualClock`]).
 //!

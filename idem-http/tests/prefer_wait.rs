@@ -7,7 +7,7 @@ mod common;
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::Request;
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{Extensions, HeaderMap, StatusCode, header};
 use axum::middleware::from_fn;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
@@ -25,21 +25,28 @@ use tower::ServiceExt;
 /// How long a test waits for its waiters to register before failing.
 const WAITERS_REGISTER_MS_MAX: u64 = 10_000;
 
-/// A route whose first call holds until `let_go` is notified and answers
-/// `first_status`; later calls answer 201 at once. Counts its calls.
+/// A route whose first `held_calls` calls each hold until `let_go` is
+/// notified; the first answers `first_status`, every later one 201. Counts
+/// its calls.
 #[derive(Clone)]
 struct GatedRoute {
     calls: Arc<AtomicUsize>,
     let_go: Arc<Notify>,
     first_status: StatusCode,
+    held_calls: usize,
 }
 
 impl GatedRoute {
     fn new(first_status: StatusCode) -> Self {
+        Self::holding(1, first_status)
+    }
+
+    fn holding(held_calls: usize, first_status: StatusCode) -> Self {
         Self {
             calls: Arc::new(AtomicUsize::new(0)),
             let_go: Arc::new(Notify::new()),
             first_status,
+            held_calls,
         }
     }
 
@@ -53,11 +60,15 @@ impl GatedRoute {
             let route = route.clone();
             async move {
                 let call = route.calls.fetch_add(1, Ordering::SeqCst);
-                if call == 0 {
+                if call < route.held_calls {
                     route.let_go.notified().await;
-                    return (route.first_status, format!("call {call}")).into_response();
                 }
-                (StatusCode::CREATED, format!("call {call}")).into_response()
+                let status = if call == 0 {
+                    route.first_status
+                } else {
+                    StatusCode::CREATED
+                };
+                (status, format!("call {call}")).into_response()
             }
         };
         Router::new().route(
@@ -88,12 +99,21 @@ async fn send(app: Router, prefer: Option<&str>) -> (StatusCode, HeaderMap, Byte
 /// Starts the first attempt and waits until the route runs it.
 async fn start_first(route: &GatedRoute, app: &Router) -> tokio::task::JoinHandle<(StatusCode, HeaderMap, Bytes)> {
     let first = tokio::spawn(send(app.clone(), None));
+    until_calls(route, 1).await;
+    first
+}
+
+/// Waits until the route has been called `calls` times.
+async fn until_calls(route: &GatedRoute, calls: usize) {
     let deadline = tokio::time::Instant::now() + Duration::from_millis(WAITERS_REGISTER_MS_MAX);
-    while route.calls() == 0 {
-        assert!(tokio::time::Instant::now() < deadline, "the first attempt never ran");
+    while route.calls() < calls {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the route ran {} times",
+            route.calls()
+        );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    first
 }
 
 /// Waits until `waiters` requests wait on the store's hub.
@@ -280,4 +300,137 @@ async fn a_waiter_holds_no_work_slot() {
     assert_eq!(first.await.unwrap().0, StatusCode::CREATED);
     assert_eq!(waiter.await.unwrap().1[REPLAYED_HEADER], "true");
     assert_eq!(slots.available_permits(), 2);
+}
+
+/// A waiter holds no work slot, but one that becomes the attempt (the first
+/// attempt released the key) takes one again before its route runs: work
+/// never runs outside the application's cap on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_that_becomes_the_attempt_runs_holding_a_work_slot() {
+    let slots = Arc::new(Semaphore::new(2));
+    let store = store();
+    let route = GatedRoute::holding(2, StatusCode::SERVICE_UNAVAILABLE);
+    let regain_from = slots.clone();
+    let idempotency = idempotency(store.clone())
+        .hold_during_work_regaining::<WorkSlot, _, _, _>(move |_: &Extensions| {
+            let slots = regain_from.clone();
+            async move {
+                match slots.acquire_owned().await {
+                    Ok(permit) => Ok(WorkSlot(Arc::new(permit))),
+                    Err(_closed) => Err(StatusCode::SERVICE_UNAVAILABLE),
+                }
+            }
+        })
+        .build();
+    let app = route.router(idempotency).layer(from_fn(take_work_slot(slots.clone())));
+    let first = start_first(&route, &app).await;
+    let waiter = tokio::spawn(send(app.clone(), Some("wait=10")));
+    until_waiting(&store, 1).await;
+    assert_eq!(slots.available_permits(), 1, "the waiter holds no slot while it waits");
+    route.let_go.notify_one();
+    assert_eq!(first.await.unwrap().0, StatusCode::SERVICE_UNAVAILABLE);
+    until_calls(&route, 2).await;
+    assert_eq!(
+        slots.available_permits(),
+        1,
+        "the waiter runs as the attempt holding a slot"
+    );
+    route.let_go.notify_one();
+    let (status, headers, body) = waiter.await.unwrap();
+    assert_eq!((status, &body[..]), (StatusCode::CREATED, &b"call 1"[..]));
+    assert_eq!(headers.get(REPLAYED_HEADER), None);
+    assert_eq!(slots.available_permits(), 2);
+}
+
+/// A waiter that becomes the attempt but is refused a work slot releases
+/// the key it claimed and answers with the refusal: its route never runs,
+/// and the next request takes the key over at once instead of meeting 409.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_refused_a_work_slot_releases_the_key_and_answers_the_refusal() {
+    let store = store();
+    let route = GatedRoute::new(StatusCode::SERVICE_UNAVAILABLE);
+    let idempotency = idempotency(store.clone())
+        .hold_during_work_regaining::<WorkSlot, _, _, _>(|_: &Extensions| async {
+            Err::<WorkSlot, _>((
+                StatusCode::SERVICE_UNAVAILABLE,
+                [(header::RETRY_AFTER, "1")],
+                "overloaded",
+            ))
+        })
+        .build();
+    let app = route
+        .router(idempotency)
+        .layer(from_fn(take_work_slot(Arc::new(Semaphore::new(2)))));
+    let first = start_first(&route, &app).await;
+    let waiter = tokio::spawn(send(app.clone(), Some("wait=10")));
+    until_waiting(&store, 1).await;
+    route.let_go.notify_one();
+    assert_eq!(first.await.unwrap().0, StatusCode::SERVICE_UNAVAILABLE);
+    let (status, headers, body) = waiter.await.unwrap();
+    assert_eq!(
+        (status, &body[..]),
+        (StatusCode::SERVICE_UNAVAILABLE, &b"overloaded"[..])
+    );
+    assert_eq!(headers[header::RETRY_AFTER], "1");
+    assert_eq!(route.calls(), 1, "the refused waiter did not run the route");
+    let (status, _, body) = send(app.clone(), None).await;
+    assert_eq!(
+        (status, &body[..]),
+        (StatusCode::CREATED, &b"call 1"[..]),
+        "the key was released: the next request runs at once"
+    );
+}
+
+/// The value of one sample (`name{labels}` as rendered) in a Prometheus
+/// exposition.
+fn sample(exposition: &str, series: &str) -> Option<f64> {
+    exposition
+        .lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+/// Every wait is counted by how it ended, timed, and in the waiters gauge
+/// while it lasts; the series exist at zero before the first wait. (The
+/// only test of this binary that installs a recorder.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waits_are_counted_by_outcome_timed_and_gauged() {
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .install_recorder()
+        .expect("the only recorder in this binary");
+    let store = store();
+    let route = GatedRoute::new(StatusCode::CREATED);
+    let limits = WaitLimits::new(1, 64, 1_000).unwrap();
+    let idempotency = idempotency(store.clone())
+        .metric_prefix("waiting_")
+        .unwrap()
+        .wait_limits(limits)
+        .build();
+    idempotency.metric_names().register_at_zero();
+    let at_start = recorder.render();
+    for outcome in idem_http::metrics::WAIT_OUTCOMES {
+        let series = format!("waiting_waits_total{{outcome=\"{}\"}}", outcome.label());
+        assert_eq!(sample(&at_start, &series), Some(0.0), "{series}:\n{at_start}");
+    }
+    assert_eq!(sample(&at_start, "waiting_waiters"), Some(0.0), "{at_start}");
+    let app = route.router(idempotency);
+    let first = start_first(&route, &app).await;
+    let waiter = tokio::spawn(send(app.clone(), Some("wait=10")));
+    until_waiting(&store, 1).await;
+    assert_eq!(sample(&recorder.render(), "waiting_waiters"), Some(1.0));
+    // Past the per-key cap of 1: refused at once.
+    assert_eq!(send(app.clone(), Some("wait=10")).await.0, StatusCode::CONFLICT);
+    route.let_go.notify_one();
+    first.await.unwrap();
+    assert_eq!(waiter.await.unwrap().1[REPLAYED_HEADER], "true");
+    let rendered = recorder.render();
+    let count = |outcome: &str| sample(&rendered, &format!("waiting_waits_total{{outcome=\"{outcome}\"}}"));
+    assert_eq!(count("replayed"), Some(1.0), "{rendered}");
+    assert_eq!(count("refused_cap"), Some(1.0), "{rendered}");
+    assert_eq!(count("timed_out"), Some(0.0), "{rendered}");
+    assert_eq!(sample(&rendered, "waiting_waiters"), Some(0.0), "{rendered}");
+    assert_eq!(
+        sample(&rendered, "waiting_wait_duration_seconds_count{outcome=\"replayed\"}"),
+        Some(1.0),
+        "{rendered}"
+    );
 }

@@ -27,9 +27,11 @@ use crate::error::ApiError;
 use crate::limits::InFlightSlot;
 use crate::metrics::{ADMISSION_QUEUE_WAITING, ADMISSION_SHED_TOTAL};
 use axum::extract::{Request, State};
+use axum::http::Extensions;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -281,9 +283,21 @@ impl Drop for QueuePlace<'_> {
     }
 }
 
+/// A worker for `caller`, or the 503 `overloaded` a shed request gets
+/// (counted by reason).
+async fn admit_or_shed(admission: &Admission, caller: &str, retry_after_s: u64) -> Result<Worker, ApiError> {
+    admission.admit(caller).await.map_err(|shed| {
+        metrics::counter!(ADMISSION_SHED_TOTAL, "reason" => shed.label()).increment(1);
+        ApiError::Overloaded { retry_after_s }
+    })
+}
+
 /// The middleware: runs after authentication (it needs the caller) and
 /// before the routes. The worker joins the request's [`InFlightSlot`], so
-/// work that outlives its request keeps it.
+/// work that outlives its request keeps it. A [`Readmission`] goes with the
+/// request too, for the idempotency layer: a request that waits for
+/// another attempt (`Prefer: wait`) gives its worker up, and takes one again
+/// through it if it becomes the attempt.
 pub async fn admit(
     State((admission, retry_after_s)): State<(Admission, u64)>,
     mut request: Request,
@@ -293,19 +307,58 @@ pub async fn admit(
         Some(caller) => caller.0.as_str().to_owned(),
         None => String::new(),
     };
-    let worker = match admission.admit(&caller).await {
+    let worker = match admit_or_shed(&admission, &caller, retry_after_s).await {
         Ok(worker) => worker,
-        Err(shed) => {
-            metrics::counter!(ADMISSION_SHED_TOTAL, "reason" => shed.label()).increment(1);
-            return ApiError::Overloaded { retry_after_s }.into_response();
-        }
+        Err(shed) => return shed.into_response(),
     };
-    let slot = match request.extensions_mut().remove::<InFlightSlot>() {
-        Some(slot) => slot.with_worker(worker),
-        None => InFlightSlot::for_worker(worker),
-    };
-    request.extensions_mut().insert(slot);
+    let in_flight = request
+        .extensions_mut()
+        .remove::<InFlightSlot>()
+        .unwrap_or_else(InFlightSlot::none);
+    request.extensions_mut().insert(Readmission {
+        admission,
+        caller,
+        retry_after_s,
+        in_flight: in_flight.clone(),
+    });
+    request.extensions_mut().insert(in_flight.with_worker(worker));
     next.run(request).await
+}
+
+/// How a request that gave its worker up takes another: admitted again
+/// under the same rules (CoDel's wait, the caller's share), keeping its
+/// place under the in-flight cap. The idempotency layer uses it for a
+/// waiter that becomes the attempt (`crate::idempotency`,
+/// docs/design.md#waiting): a waiter holds no worker, the attempt does.
+#[derive(Clone)]
+pub struct Readmission {
+    admission: Admission,
+    caller: String,
+    retry_after_s: u64,
+    /// The request's place under the in-flight cap, without a worker.
+    in_flight: InFlightSlot,
+}
+
+impl Readmission {
+    /// The request's slot again with a new worker, or the 503 `overloaded`
+    /// a request shed by admission gets.
+    pub async fn admit(self) -> Result<InFlightSlot, ApiError> {
+        let worker = admit_or_shed(&self.admission, &self.caller, self.retry_after_s).await?;
+        Ok(self.in_flight.with_worker(worker))
+    }
+}
+
+/// The slot of the request whose extensions these are, taken again through
+/// its [`Readmission`]; a request that was never admitted (a router without
+/// admission control) needs none, and gets an empty slot.
+pub fn readmit(extensions: &Extensions) -> impl Future<Output = Result<InFlightSlot, ApiError>> + Send + use<> {
+    let readmission = extensions.get::<Readmission>().cloned();
+    async move {
+        match readmission {
+            Some(readmission) => readmission.admit().await,
+            None => Ok(InFlightSlot::none()),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -392,6 +445,32 @@ mod tests {
         tokio::task::yield_now().await;
         assert_eq!(admission.admit("a").await.unwrap_err(), Shed::QueueFull);
         assert_eq!(waiting.await.expect("task").unwrap_err(), Shed::QueueDelay);
+    }
+
+    /// A request that gave its worker up (a waiter) is admitted again by
+    /// the same rules: it waits as CoDel allows, is refused 503 overloaded
+    /// when no worker frees in time, and holds the worker it gets.
+    #[tokio::test(start_paused = true)]
+    async fn readmission_takes_a_worker_or_is_shed_as_admission_sheds() {
+        let admission = Admission::new(&config(1, 10));
+        let readmission = Readmission {
+            admission: admission.clone(),
+            caller: "a".to_owned(),
+            retry_after_s: 3,
+            in_flight: InFlightSlot::none(),
+        };
+        let busy = admission.admit("a").await.expect("a free worker");
+        let shed = readmission.clone().admit().await.map(drop).unwrap_err();
+        assert!(matches!(shed, ApiError::Overloaded { retry_after_s: 3 }), "{shed:?}");
+        drop(busy);
+        let readmitted = readmission.admit().await.expect("the freed worker");
+        assert_eq!(
+            admission.admit("a").await.unwrap_err(),
+            Shed::QueueDelay,
+            "the readmitted request holds the only worker"
+        );
+        drop(readmitted);
+        admission.admit("a").await.expect("given back");
     }
 
     #[tokio::test(start_paused = true)]

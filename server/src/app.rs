@@ -186,13 +186,15 @@ impl App {
         .map_err(StartupError::Carrier)?;
         let tasks = TaskTracker::new();
         let state = AppState {
-            idempotency: idempotency::configure(
+            idempotency: idempotency::builder(
                 backends.records.clone(),
                 tasks.clone(),
                 config.server.retry_after_s,
                 config.server.prefer_wait_applied_max_s(),
                 clock,
-            ),
+            )
+            .wait_limits(config.server.prefer_wait_limits()?)
+            .build(),
             labels: backends.labels.clone(),
             carrier: Arc::new(carrier),
             metrics,

@@ -20,7 +20,10 @@ use sha2::{Digest, Sha256};
 use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use store_core::{CallerId, PURGE_BATCH_MAX, Policy};
+use store_core::waiting::{
+    WAIT_POLL_INTERVAL_MS_DEFAULT, WAITERS_PER_INSTANCE_MAX_DEFAULT, WAITERS_PER_KEY_MAX_DEFAULT,
+};
+use store_core::{CallerId, PURGE_BATCH_MAX, Policy, WaitLimits};
 use store_postgres::SslMode;
 
 /// Prefix of the environment variables that override the file.
@@ -53,6 +56,17 @@ pub const HEADER_READ_TIMEOUT_MS_MAX: u64 = 10 * 60 * 1000;
 pub const CONNECTIONS_MAX_DEFAULT: usize = 4_096;
 /// Largest connection cap accepted.
 pub const CONNECTIONS_MAX_LIMIT: usize = 1_000_000;
+/// Most waiters (`Prefer: wait`) on one key in one instance accepted for
+/// `server.prefer_wait_waiters_per_key_max` (default: store-core's
+/// `WAITERS_PER_KEY_MAX_DEFAULT`, 128). One commit wakes every waiter on
+/// its key at once, and each reads the record again: past ten thousand,
+/// one answer becomes a burst of store reads, not a wait.
+pub const PREFER_WAIT_WAITERS_PER_KEY_LIMIT: usize = 10_000;
+/// Most waiters in one instance accepted for `server.prefer_wait_waiters_max`
+/// (default: store-core's `WAITERS_PER_INSTANCE_MAX_DEFAULT`, 4,096). Every
+/// waiter holds a client connection, so this is [`CONNECTIONS_MAX_LIMIT`]:
+/// a higher cap could never be reached.
+pub const PREFER_WAIT_WAITERS_LIMIT: usize = CONNECTIONS_MAX_LIMIT;
 /// Default time shutdown waits for requests and their work to finish.
 pub const SHUTDOWN_GRACE_MS_DEFAULT: u64 = 30_000;
 /// Default time between readiness failing and the listener closing at
@@ -148,6 +162,13 @@ pub struct ServerConfig {
     /// ([`ServerConfig::prefer_wait_applied_max_s`]), so a waiter answers
     /// before its request times out.
     pub prefer_wait_max_s: u64,
+    /// The most requests waiting (`Prefer: wait`) on one key in this
+    /// instance; past it a request gets its 409 at once
+    /// (docs/design.md#wait-limits).
+    pub prefer_wait_waiters_per_key_max: usize,
+    /// The most requests waiting in this instance, all keys together; past
+    /// it a request gets its 409 at once.
+    pub prefer_wait_waiters_max: usize,
     /// Time a client has to send a whole request head, and the longest a
     /// keep-alive connection may sit idle; past it the connection is closed.
     pub header_read_timeout_ms: u64,
@@ -182,6 +203,17 @@ impl ServerConfig {
     pub fn prefer_wait_applied_max_s(&self) -> u64 {
         self.prefer_wait_max_s
             .min(self.request_timeout_ms.saturating_sub(1) / 1_000)
+    }
+
+    /// The waiter caps for the store's change hub, with store-core's
+    /// fallback poll interval. [`Config::validate`] has checked them.
+    pub fn prefer_wait_limits(&self) -> Result<WaitLimits, ConfigError> {
+        WaitLimits::new(
+            self.prefer_wait_waiters_per_key_max,
+            self.prefer_wait_waiters_max,
+            WAIT_POLL_INTERVAL_MS_DEFAULT,
+        )
+        .map_err(|error| field_error("server.prefer_wait_waiters_per_key_max", error.to_string()))
     }
 }
 
@@ -389,8 +421,6 @@ pub struct SimulatorConfig {
     pub lost_reply_rate: f64,
     /// Seed of the simulator's random choices; 0 picks one at random.
     pub seed: u64,
-    /// Where the simulator keeps its keys; empty: a temporary directory.
-    pub data_dir: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -453,6 +483,8 @@ impl Default for ServerConfig {
             shutdown_readiness_delay_ms: SHUTDOWN_READINESS_DELAY_MS_DEFAULT,
             retry_after_s: RETRY_AFTER_S_DEFAULT,
             prefer_wait_max_s: idem_http::WAIT_CAP_S_DEFAULT,
+            prefer_wait_waiters_per_key_max: WAITERS_PER_KEY_MAX_DEFAULT,
+            prefer_wait_waiters_max: WAITERS_PER_INSTANCE_MAX_DEFAULT,
             header_read_timeout_ms: HEADER_READ_TIMEOUT_MS_DEFAULT,
             connections_max: CONNECTIONS_MAX_DEFAULT,
             allow_demo_caller_on_public_address: false,
@@ -555,7 +587,6 @@ impl Default for SimulatorConfig {
             error_rate: 0.0,
             lost_reply_rate: 0.0,
             seed: 0,
-            data_dir: String::new(),
         }
     }
 }
@@ -715,7 +746,27 @@ impl Config {
             0,
             idem_http::WAIT_CAP_S_MAX,
         )?;
+        self.validate_prefer_wait_waiters()?;
         self.validate_server_tls()
+    }
+
+    /// At least one waiter (0 would refuse every wait; `prefer_wait_max_s =
+    /// 0` turns waiting off), at most the named limits, and no more per key
+    /// than in the whole instance.
+    fn validate_prefer_wait_waiters(&self) -> Result<(), ConfigError> {
+        let server = &self.server;
+        check_range(
+            "server.prefer_wait_waiters_max",
+            server.prefer_wait_waiters_max as u64,
+            1,
+            PREFER_WAIT_WAITERS_LIMIT as u64,
+        )?;
+        check_range(
+            "server.prefer_wait_waiters_per_key_max",
+            server.prefer_wait_waiters_per_key_max as u64,
+            1,
+            PREFER_WAIT_WAITERS_PER_KEY_LIMIT.min(server.prefer_wait_waiters_max) as u64,
+        )
     }
 
     /// Both files or neither: half a TLS config must not fall back to plain HTTP.
@@ -1161,6 +1212,65 @@ mod tests {
     }
 
     #[test]
+    fn the_waiter_caps_are_read_from_the_environment_and_bounded() {
+        let defaults = Config::load(None, Vec::new())
+            .unwrap()
+            .server
+            .prefer_wait_limits()
+            .unwrap();
+        assert_eq!(
+            (defaults.waiters_per_key_max(), defaults.waiters_per_instance_max()),
+            (WAITERS_PER_KEY_MAX_DEFAULT, WAITERS_PER_INSTANCE_MAX_DEFAULT)
+        );
+        let configured = Config::load(
+            None,
+            env(&[
+                ("IDEM__SERVER__PREFER_WAIT_WAITERS_PER_KEY_MAX", "2"),
+                ("IDEM__SERVER__PREFER_WAIT_WAITERS_MAX", "50"),
+            ]),
+        )
+        .unwrap();
+        let limits = configured.server.prefer_wait_limits().unwrap();
+        assert_eq!(
+            (limits.waiters_per_key_max(), limits.waiters_per_instance_max()),
+            (2, 50)
+        );
+        let per_key = "server.prefer_wait_waiters_per_key_max";
+        let per_instance = "server.prefer_wait_waiters_max";
+        let above_key_limit = (PREFER_WAIT_WAITERS_PER_KEY_LIMIT + 1).to_string();
+        let above_instance_limit = (PREFER_WAIT_WAITERS_LIMIT + 1).to_string();
+        for (pairs, field) in [
+            (vec![("IDEM__SERVER__PREFER_WAIT_WAITERS_PER_KEY_MAX", "0")], per_key),
+            (vec![("IDEM__SERVER__PREFER_WAIT_WAITERS_MAX", "0")], per_instance),
+            (
+                vec![
+                    (
+                        "IDEM__SERVER__PREFER_WAIT_WAITERS_PER_KEY_MAX",
+                        above_key_limit.as_str(),
+                    ),
+                    ("IDEM__SERVER__PREFER_WAIT_WAITERS_MAX", "100000"),
+                ],
+                per_key,
+            ),
+            (
+                vec![("IDEM__SERVER__PREFER_WAIT_WAITERS_MAX", above_instance_limit.as_str())],
+                per_instance,
+            ),
+            // More per key than in the whole instance.
+            (
+                vec![
+                    ("IDEM__SERVER__PREFER_WAIT_WAITERS_PER_KEY_MAX", "10"),
+                    ("IDEM__SERVER__PREFER_WAIT_WAITERS_MAX", "9"),
+                ],
+                per_key,
+            ),
+        ] {
+            let refused = refusal(&pairs);
+            assert!(refused.contains(field), "{pairs:?}: {refused}");
+        }
+    }
+
+    #[test]
     fn refusals_name_the_field() {
         assert!(refusal(&[("IDEM__SERVER__LISTN", "x")]).contains("listn"));
         assert!(refusal(&[("IDEM__SERVER__LISTEN", "nowhere")]).contains("server.listen"));
@@ -1358,6 +1468,18 @@ mod tests {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config.example.toml");
         let config = Config::load(Some(&path), Vec::new()).unwrap();
         assert_eq!(config.store.kind, StoreKind::Embedded);
+        // The waiter caps it shows are the defaults it says they are.
+        let defaults = ServerConfig::default();
+        assert_eq!(
+            (
+                config.server.prefer_wait_waiters_per_key_max,
+                config.server.prefer_wait_waiters_max
+            ),
+            (
+                defaults.prefer_wait_waiters_per_key_max,
+                defaults.prefer_wait_waiters_max
+            )
+        );
     }
 
     /// The fleet configs DEPLOYMENT.md shows are configs the server takes.

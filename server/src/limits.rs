@@ -57,19 +57,20 @@ pub struct InFlightSlot {
 }
 
 impl InFlightSlot {
+    /// A slot holding nothing (a router without the in-flight cap or
+    /// admission control).
+    pub fn none() -> Self {
+        Self {
+            _permit: None,
+            _worker: None,
+        }
+    }
+
     /// This slot with an admission worker joined to it.
     pub fn with_worker(self, worker: Worker) -> Self {
         Self {
             _worker: Some(Arc::new(worker)),
             ..self
-        }
-    }
-
-    /// A slot holding only a worker (a router without the in-flight cap).
-    pub fn for_worker(worker: Worker) -> Self {
-        Self {
-            _permit: None,
-            _worker: Some(Arc::new(worker)),
         }
     }
 }

@@ -3,9 +3,11 @@
 //! The idempotency layer's own counters (`idem_lease_takeovers_total`,
 //! `idem_lease_lost_completions_total`, `idem_late_keys_total`,
 //! `idem_completion_failures_total`, `idem_responses_not_saved_total`,
-//! `idem_claim_resends_total`) are named by idem-http under its default
-//! prefix `idem_` ([`idem_http::metrics::MetricNames`]); they are described
-//! and registered at zero here with the rest.
+//! `idem_claim_resends_total`) and its wait metrics (`idem_waiters`,
+//! `idem_waits_total{outcome}`, `idem_wait_duration_seconds{outcome}`) are
+//! named by idem-http under its default prefix `idem_`
+//! ([`idem_http::metrics::MetricNames`]); they are described and registered
+//! at zero here with the rest.
 //!
 //! Names follow Prometheus conventions (`_total` counters, `_seconds`
 //! histograms, base units). Every label has a bounded set of values: routes

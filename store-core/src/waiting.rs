@@ -194,12 +194,24 @@ pub enum Woken {
 }
 
 /// Where a backend whose records other processes write turns their writes
-/// into notifications (docs/design.md#waiting). The hub calls it, under its
-/// lock, when the first local waiter on a record arrives; the guard it
-/// returns is dropped when the last one leaves. It must not block: spawn,
-/// or send to a task of its own.
+/// into notifications (docs/design.md#waiting). The hub calls
+/// [`ChangeSource::watch_record`], under its lock, when the first local
+/// waiter on a record arrives; the guard it returns is dropped when the last
+/// one leaves. It must not block: spawn, or send to a task of its own.
+#[async_trait::async_trait]
 pub trait ChangeSource: Send + Sync + 'static {
     fn watch_record(&self, record: &RecordId, notifier: ChangeNotifier) -> WatchGuard;
+
+    /// Makes sure that the end of `record`'s started state, if it is still
+    /// started, will be announced. [`claim_waiting`] calls it before every
+    /// read after which it may sleep, so a change is either seen by that
+    /// read or announced afterwards. A source whose store announces every
+    /// end has nothing to do (the default); PostgreSQL announces only the
+    /// records a waiter marked, because a `NOTIFY` serialises every
+    /// committing transaction that sent one (docs/design.md#waiting).
+    async fn expect_end(&self, _record: &RecordId) -> Result<(), crate::StoreError> {
+        Ok(())
+    }
 }
 
 /// Stops what [`ChangeSource::watch_record`] started when dropped.
@@ -455,6 +467,16 @@ impl RecordWatch {
         &self.record
     }
 
+    /// Asks the hub's source to announce the end of this record's started
+    /// state ([`ChangeSource::expect_end`]); call it before the read after
+    /// which the waiter may sleep.
+    pub async fn expect_end(&self) -> Result<(), crate::StoreError> {
+        match self.hub.source.get() {
+            Some(source) => source.expect_end(&self.record).await,
+            None => Ok(()),
+        }
+    }
+
     /// Waits until the record may have changed, the poll interval passed, or
     /// `until`, whichever is first. A notification that came since the
     /// subscription (or the last call) returns at once.
@@ -515,8 +537,9 @@ pub enum WaitedClaim {
 /// Claims the key, and while another attempt holds it, waits until
 /// `until` for that attempt to end (docs/design.md#waiting).
 ///
-/// The loop: claim; if in progress, subscribe, claim again (the read after
-/// the subscription), and sleep until a notification, the poll interval, the
+/// The loop: claim; if in progress, subscribe, ask the store to announce
+/// the record's end ([`RecordWatch::expect_end`]), claim again (the read
+/// after the subscription), and sleep until a notification, the poll interval, the
 /// holder's lease end (a takeover is possible then) or `until`; claim again.
 /// Every claim re-sends `request` with its one token, so a waiter that
 /// becomes the new attempt is an ordinary claim with a fresh lease, and of
@@ -550,6 +573,7 @@ pub async fn claim_waiting(
         Err(reason) => return Ok(WaitedClaim::Refused { retry_after_ms, reason }),
     };
     loop {
+        watch.expect_end().await?;
         let retry_after_ms = match store.claim(request).await? {
             ClaimOutcome::InProgress { retry_after_ms } => retry_after_ms,
             decided => return Ok(WaitedClaim::Decided(decided)),

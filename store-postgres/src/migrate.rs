@@ -50,6 +50,12 @@ pub const STORE_MIGRATIONS: &[Migration] = &[
         name: "record_change_notifications",
         sql: include_str!("../migrations/0002_record_change_notifications.sql"),
     },
+    Migration {
+        namespace: STORE_MIGRATION_NAMESPACE,
+        version: 3,
+        name: "notify_only_waited_records",
+        sql: include_str!("../migrations/0003_notify_only_waited_records.sql"),
+    },
 ];
 
 const CREATE_LEDGER: &str = "CREATE TABLE IF NOT EXISTS schema_migrations (

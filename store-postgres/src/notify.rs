@@ -10,6 +10,14 @@
 //! waiters. The connection is opened when the first waiter arrives, not
 //! before: a server that never waits keeps no extra connection.
 //!
+//! A `NOTIFY` is costly: the transaction that sent one holds a
+//! database-wide lock until after its commit, so notifying transactions
+//! commit one at a time. The triggers (migration 0003) therefore notify only
+//! the end of a record a waiter marked: before each read after which it may
+//! sleep, a waiter sets the row's `watched` flag through
+//! [`ChangeSource::expect_end`] (one `UPDATE` on the pool, which changes
+//! nothing once the flag is set or the record is no longer started).
+//!
 //! When the connection fails it is opened again after a pause that doubles
 //! up to [`LISTENER_RETRY_DELAY_MS_MAX`]; meanwhile the waiters' fallback
 //! poll covers the notifications that nobody heard. Each time `LISTEN`
@@ -17,10 +25,13 @@
 //! notifications sent before that were lost.
 
 use crate::config::ListenerTls;
+use crate::error::{pool_error, store_error};
+use async_trait::async_trait;
+use deadpool_postgres::Pool;
 use std::future::poll_fn;
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
-use store_core::{ChangeNotifier, ChangeSource, RecordId, WatchGuard};
+use store_core::{ChangeNotifier, ChangeSource, RecordId, StoreError, WatchGuard};
 use tokio::task::JoinHandle;
 use tokio_postgres::{AsyncMessage, NoTls};
 
@@ -38,15 +49,27 @@ pub const LISTENER_RETRY_DELAY_MS_MAX: u64 = 2_000;
 /// kernel's two hours, and the poll covers the waiters until then.
 pub const LISTENER_KEEPALIVE_IDLE_MS: u64 = 30_000;
 
-/// The listening task of one store instance, started by the first waiter.
+/// Marks a started record as waited for, so that its end is notified.
+const MARK_WAITED: &str = "UPDATE idempotency_keys SET watched = true \
+     WHERE caller_id = $1 AND idem_key = $2 AND state = 'started' AND NOT watched";
+
+/// The listening task of one store instance, started by the first waiter,
+/// and the store's pool, on which waiters mark the records they wait for.
 pub(crate) struct ChangeListener {
     config: tokio_postgres::Config,
     tls: ListenerTls,
     task: Mutex<Option<JoinHandle<()>>>,
+    pool: Pool,
+    operation_timeout: Duration,
 }
 
 impl ChangeListener {
-    pub(crate) fn new(mut config: tokio_postgres::Config, tls: ListenerTls) -> Self {
+    pub(crate) fn new(
+        mut config: tokio_postgres::Config,
+        tls: ListenerTls,
+        pool: Pool,
+        operation_timeout: Duration,
+    ) -> Self {
         config
             .application_name(LISTENER_APPLICATION_NAME)
             .keepalives(true)
@@ -55,10 +78,24 @@ impl ChangeListener {
             config,
             tls,
             task: Mutex::new(None),
+            pool,
+            operation_timeout,
         }
+    }
+
+    async fn mark_waited(&self, record: &RecordId) -> Result<(), StoreError> {
+        let connection = self.pool.get().await.map_err(pool_error)?;
+        let statement = connection.prepare_cached(MARK_WAITED).await.map_err(store_error)?;
+        let key_digest = record.digest.0.as_slice();
+        connection
+            .execute(&statement, &[&record.caller.as_str(), &key_digest])
+            .await
+            .map_err(store_error)?;
+        Ok(())
     }
 }
 
+#[async_trait]
 impl ChangeSource for ChangeListener {
     fn watch_record(&self, _record: &RecordId, notifier: ChangeNotifier) -> WatchGuard {
         let mut task = self.task.lock().unwrap_or_else(PoisonError::into_inner);
@@ -68,6 +105,19 @@ impl ChangeSource for ChangeListener {
             *task = Some(runtime.spawn(listen_while_alive(self.config.clone(), self.tls.clone(), notifier)));
         }
         WatchGuard::none()
+    }
+
+    async fn expect_end(&self, record: &RecordId) -> Result<(), StoreError> {
+        match tokio::time::timeout(self.operation_timeout, self.mark_waited(record)).await {
+            Ok(marked) => marked,
+            Err(_elapsed) => Err(StoreError::Unavailable {
+                detail: format!(
+                    "marking a waited record did not finish within {:?}",
+                    self.operation_timeout
+                ),
+                source: None,
+            }),
+        }
     }
 }
 

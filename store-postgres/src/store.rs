@@ -128,12 +128,13 @@ impl PostgresStore {
     /// that is down shows up as retryable errors from the calls. Run
     /// [`PostgresStore::migrate`] once before serving.
     pub fn new(config: &PostgresConfig, policy: Policy) -> Result<Self, ConfigError> {
+        let pool = config.build_pool()?;
         let listener = {
             let (driver_config, tls) = config.listener_config()?;
-            ChangeListener::new(driver_config, tls)
+            ChangeListener::new(driver_config, tls, pool.clone(), config.operation_timeout())
         };
         Ok(Self {
-            pool: config.build_pool()?,
+            pool,
             policy,
             operation_timeout: config.operation_timeout(),
             changes: ChangeHub::with_source(Arc::new(listener)),

@@ -68,6 +68,7 @@ async fn a_notification_lost_with_the_listening_connection_is_covered_and_the_li
     };
     let request = claim_request(&caller, "k", "body");
     let mut watch = hub.subscribe(&caller, &request.key).expect("subscribe");
+    watch.expect_end().await.expect("mark the record waited");
     let pids = until_listening(&raw).await;
     while watch.changed(Instant::now() + Duration::from_millis(100)).await == Woken::Notified {}
 
@@ -105,6 +106,7 @@ async fn a_notification_lost_with_the_listening_connection_is_covered_and_the_li
     };
     let key = claim_request(&caller, "k2", "body").key;
     let mut watch = hub.subscribe(&caller, &key).expect("subscribe");
+    watch.expect_end().await.expect("mark the record waited");
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let now_listening = listener_pids(&raw).await;
@@ -125,4 +127,59 @@ async fn a_notification_lost_with_the_listening_connection_is_covered_and_the_li
         Woken::Notified
     );
     assert!(completed_at.elapsed() < Duration::from_millis(750));
+}
+
+/// Takes the key for a new attempt.
+async fn acquired(store: &PostgresStore, caller: &store_core::CallerId, key: &str) -> store_core::HeldLease {
+    match store.claim(&claim_request(caller, key, "body")).await.unwrap() {
+        ClaimOutcome::Acquired(acquired) => acquired.lease,
+        other => panic!("expected acquired, got {other:?}"),
+    }
+}
+
+/// A `NOTIFY` serialises the commits of every transaction that sent one
+/// (migration 0003), so only the end of a record a waiter marked is
+/// notified: the first notification a listener gets names the marked
+/// record, although an unmarked record was completed before it
+/// (notifications arrive in commit order).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_end_of_a_record_a_waiter_marked_is_notified() {
+    let database = common::fresh_database().await;
+    let store = database
+        .migrated_store(Policy::default(), &[])
+        .await
+        .expect("migrated store");
+    let (listener, mut connection) = tokio_postgres::connect(&database.config().url, tokio_postgres::NoTls)
+        .await
+        .expect("listening connection");
+    let (sender, mut payloads) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Some(Ok(message)) = std::future::poll_fn(|context| connection.poll_message(context)).await {
+            if let tokio_postgres::AsyncMessage::Notification(notification) = message {
+                let _ = sender.send(notification.payload().to_owned());
+            }
+        }
+    });
+    listener
+        .batch_execute(&format!("LISTEN {}", store_postgres::CHANGES_CHANNEL))
+        .await
+        .expect("LISTEN");
+    let caller = unique_caller();
+
+    let unmarked = acquired(&store, &caller, "unmarked").await;
+    assert_eq!(
+        store.complete(&unmarked, response(1)).await.unwrap(),
+        Fenced::Applied(())
+    );
+    let marked = acquired(&store, &caller, "marked").await;
+    let hub = store.record_changes().expect("waiting");
+    let watch = hub.subscribe(&caller, &marked.key).expect("subscribe");
+    watch.expect_end().await.expect("mark the record waited");
+    assert_eq!(store.complete(&marked, response(2)).await.unwrap(), Fenced::Applied(()));
+
+    let first = tokio::time::timeout(Duration::from_secs(10), payloads.recv())
+        .await
+        .expect("a notification within 10 s")
+        .expect("the listening connection is open");
+    assert_eq!(first, store_core::RecordId::new(&caller, &marked.key).tag());
 }

@@ -306,6 +306,11 @@ impl Drop for ServerProcess {
     }
 }
 
+/// One environment variable for a [`ProcessSpec`] or a config override.
+pub fn pair(key: &str, value: impl ToString) -> (String, String) {
+    (key.to_owned(), value.to_string())
+}
+
 /// `scheme://host:port` of a URL.
 fn origin(url: &str) -> String {
     let after_scheme = url.find("://").map_or(0, |at| at + 3);

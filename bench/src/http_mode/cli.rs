@@ -26,6 +26,10 @@ pub const CARRIER_LATENCY_MS_MIN_DEFAULT: u64 = 0;
 pub const CARRIER_LATENCY_MS_MAX_DEFAULT: u64 = 2;
 /// The development caller's token (the server's default config).
 pub const TOKEN_DEFAULT: &str = "demo-token";
+/// Longest `--prefer-wait` accepted, in seconds: the Label service grants
+/// at most 300 (idem-http's `WAIT_CAP_S_MAX`), so a longer one would only
+/// stretch the client's deadline.
+pub const PREFER_WAIT_S_MAX: u64 = 300;
 
 /// How the Fulfilment client retries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize, serde::Deserialize)]
@@ -97,6 +101,12 @@ pub struct FulfilmentArgs {
     /// Bearer token of the caller.
     #[arg(long, default_value = TOKEN_DEFAULT)]
     pub token: String,
+    /// Send `Prefer: wait=S` (RFC 7240) on every retry, so a retry that finds
+    /// its key still in progress waits up to S seconds for the answer instead
+    /// of getting 409; such an attempt's deadline is --deadline-ms plus S
+    /// seconds. First attempts never carry it. 1 to 300.
+    #[arg(long, value_name = "S")]
+    pub prefer_wait: Option<u64>,
 }
 
 /// What shape of load http mode offers.

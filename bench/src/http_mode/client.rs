@@ -4,15 +4,18 @@
 //! mode), never a retry on 422, and a share of intents sent twice at once.
 //! The polite profile (the default) also waits at least the server's
 //! `Retry-After` and spends a retry quota shared by the whole client
-//! ([`RetryQuota`]); the aggressive one does neither.
+//! ([`RetryQuota`]); the aggressive one does neither. With `--prefer-wait S`
+//! every retry asks the server to wait (`Prefer: wait=S`,
+//! docs/design.md#waiting) and is given S seconds more; what the waits did
+//! is counted in [`WaitTally`].
 //!
 //! Every attempt's answer is counted by kind ([`AttemptCounts`]) and every
 //! label id an intent received is kept ([`IntentLog`]), for the audit.
 
-use super::cli::{ClientProfile, FulfilmentArgs, KeyMode};
+use super::cli::{ClientProfile, FulfilmentArgs, KeyMode, PREFER_WAIT_S_MAX};
 use crate::engine::Workload;
 use crate::intent::{Intent, LABELS_PATH, RunIds};
-use crate::recorder::Outcome;
+use crate::recorder::{Outcome, latency_histogram, micros};
 use futures::future::BoxFuture;
 use hdrhistogram::Histogram;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -24,6 +27,11 @@ use tokio::sync::{Notify, mpsc};
 
 /// The replay header (Stripe's convention, which the Label service follows).
 pub const REPLAYED_HEADER: &str = "idempotent-replayed";
+/// The request header of RFC 7240 preferences.
+pub const PREFER_HEADER: &str = "prefer";
+/// The answer's header naming the preferences the server honoured: present
+/// when a `Prefer: wait` request did wait.
+pub const PREFERENCE_APPLIED_HEADER: &str = "preference-applied";
 /// Largest response body the client reads, in bytes.
 pub const RESPONSE_BYTES_MAX: usize = 64 * 1024;
 /// Most attempts accepted for `--attempts-max`.
@@ -102,6 +110,8 @@ pub enum ClientError {
     DuplicateShare,
     #[error("--deadline-ms must be at least 1")]
     Deadline,
+    #[error("--prefer-wait must be 1 to {PREFER_WAIT_S_MAX} seconds")]
+    PreferWait,
     #[error("the Label service URL is not valid: {0}")]
     Url(String),
     #[error("the HTTP client could not be built: {0}")]
@@ -122,14 +132,35 @@ pub struct ClientSettings {
     pub backoff_cap: Duration,
     pub duplicate_share: f64,
     pub seed: u64,
+    /// `--prefer-wait`: seconds every retry asks the server to wait.
+    pub prefer_wait_s: Option<u64>,
 }
 
 impl ClientSettings {
     /// The longest one copy of an intent can take: every attempt at its
-    /// deadline and every backoff at its cap, plus a margin for scheduling.
+    /// deadline (and its wait) and every backoff at its cap, plus a margin
+    /// for scheduling.
     pub fn copy_time_max(&self) -> Duration {
-        let per_attempt = self.deadline + self.backoff_cap + Duration::from_secs(RETRY_AFTER_S_MAX);
+        let per_attempt = self.deadline
+            + self.prefer_wait().unwrap_or_default()
+            + self.backoff_cap
+            + Duration::from_secs(RETRY_AFTER_S_MAX);
         per_attempt * self.attempts_max + Duration::from_secs(5)
+    }
+
+    /// The wait every retry asks for, if any.
+    pub fn prefer_wait(&self) -> Option<Duration> {
+        self.prefer_wait_s.map(Duration::from_secs)
+    }
+
+    /// Whether attempt `attempt` (from 1) asks to wait. Only retries do: a
+    /// first attempt cannot find its own key in progress (only a duplicate
+    /// of it can), and it must keep the plain deadline, since the bench
+    /// measures the service's answer to new work within it. A retry is
+    /// exactly the request that meets its earlier attempt still running, as
+    /// a real client's does after a timeout.
+    fn asks_to_wait(&self, attempt: u32) -> bool {
+        self.prefer_wait_s.is_some() && attempt > 1
     }
 
     pub fn new(base_urls: &[String], args: &FulfilmentArgs, seed: u64) -> Result<Self, ClientError> {
@@ -141,6 +172,12 @@ impl ClientSettings {
         }
         if args.deadline_ms == 0 {
             return Err(ClientError::Deadline);
+        }
+        if args
+            .prefer_wait
+            .is_some_and(|seconds| !(1..=PREFER_WAIT_S_MAX).contains(&seconds))
+        {
+            return Err(ClientError::PreferWait);
         }
         if base_urls.is_empty() {
             return Err(ClientError::Url("no URL".into()));
@@ -161,6 +198,7 @@ impl ClientSettings {
             backoff_cap: Duration::from_millis(args.backoff_cap_ms.max(args.backoff_base_ms).max(1)),
             duplicate_share: args.duplicate_share,
             seed,
+            prefer_wait_s: args.prefer_wait,
         })
     }
 }
@@ -227,6 +265,121 @@ impl AttemptCounts {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .clone()
     }
+}
+
+/// What `--prefer-wait` did: the attempts that asked to wait, how those the
+/// server made wait ended, and how long they took.
+#[derive(Debug, Default)]
+pub struct WaitTally {
+    waiting_attempts: AtomicU64,
+    waited: AtomicU64,
+    waited_then_replayed: AtomicU64,
+    waiting_still_409: AtomicU64,
+    /// Latency of the attempts that waited, in microseconds; made at the
+    /// first one.
+    waited_latency: Mutex<Option<Histogram<u64>>>,
+}
+
+/// [`WaitTally`] at the end of a run, for the report.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct PreferWaitReport {
+    /// `--prefer-wait`, in seconds.
+    pub prefer_wait_s: u64,
+    /// Every 409 the client was answered, waiting attempts' included.
+    pub answered_409: u64,
+    /// Attempts sent with `Prefer: wait` (every retry).
+    pub waiting_attempts: u64,
+    /// Of those, the ones the server made wait (`Preference-Applied`): their
+    /// key was in progress when they came.
+    pub waited: u64,
+    /// Waiting attempts answered, after waiting, with the other attempt's
+    /// saved answer (`Preference-Applied` and `Idempotent-Replayed`): each
+    /// a 409 that waiting turned into the answer.
+    pub waited_then_replayed: u64,
+    /// Waiting attempts that still got 409: the wait ran out, or a waiter
+    /// cap refused them at once.
+    pub waiting_still_409: u64,
+    /// Latency of the attempts that waited, in milliseconds.
+    pub waited_latency_ms_p50: f64,
+    pub waited_latency_ms_p99: f64,
+    pub waited_latency_ms_max: f64,
+}
+
+impl WaitTally {
+    /// One attempt that asked to wait, answered `answer` after `latency`;
+    /// `waited` when the answer said the wait was applied.
+    fn record(&self, answer: &Answer, waited: bool, latency: Duration) {
+        self.waiting_attempts.fetch_add(1, Ordering::Relaxed);
+        if matches!(answer, Answer::Status { status: 409, .. }) {
+            self.waiting_still_409.fetch_add(1, Ordering::Relaxed);
+        }
+        if !waited {
+            return;
+        }
+        self.waited.fetch_add(1, Ordering::Relaxed);
+        if matches!(answer, Answer::Created { replayed: true, .. }) {
+            self.waited_then_replayed.fetch_add(1, Ordering::Relaxed);
+        }
+        let mut histogram = self
+            .waited_latency
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        histogram
+            .get_or_insert_with(|| latency_histogram(3))
+            .saturating_record(micros(latency));
+    }
+
+    /// The tally, with the run's `answered_409` (every attempt's, from the
+    /// answer counts).
+    pub fn report(&self, prefer_wait_s: u64, answered_409: u64) -> PreferWaitReport {
+        let histogram = self
+            .waited_latency
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let ms = |quantile: f64| {
+            histogram
+                .as_ref()
+                .map_or(0.0, |histogram| histogram.value_at_quantile(quantile) as f64 / 1_000.0)
+        };
+        PreferWaitReport {
+            prefer_wait_s,
+            answered_409,
+            waiting_attempts: self.waiting_attempts.load(Ordering::Relaxed),
+            waited: self.waited.load(Ordering::Relaxed),
+            waited_then_replayed: self.waited_then_replayed.load(Ordering::Relaxed),
+            waiting_still_409: self.waiting_still_409.load(Ordering::Relaxed),
+            waited_latency_ms_p50: ms(0.5),
+            waited_latency_ms_p99: ms(0.99),
+            waited_latency_ms_max: ms(1.0),
+        }
+    }
+}
+
+impl PreferWaitReport {
+    /// One line of the text report.
+    pub fn render(&self) -> String {
+        format!(
+            "prefer wait={}: {} 409s answered in all; {} retries asked to wait, {} waited: {} then replayed, {} still 409 (waiting or not); waited latency p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms\n",
+            self.prefer_wait_s,
+            self.answered_409,
+            self.waiting_attempts,
+            self.waited,
+            self.waited_then_replayed,
+            self.waiting_still_409,
+            self.waited_latency_ms_p50,
+            self.waited_latency_ms_p99,
+            self.waited_latency_ms_max,
+        )
+    }
+}
+
+/// Every 409 among the answer counts ([`Answer::kind`] names start with the status).
+pub fn answered_409(kinds: &BTreeMap<String, u64>) -> u64 {
+    kinds
+        .iter()
+        .filter(|(kind, _)| kind.starts_with("409"))
+        .map(|(_, count)| count)
+        .sum()
 }
 
 /// Answers to attempts, second by second since the client started: the
@@ -407,6 +560,7 @@ pub struct FulfilmentClient {
     pub log: Arc<IntentLog>,
     pub quota: Arc<RetryQuota>,
     pub timeline: Arc<AttemptTimeline>,
+    pub waits: Arc<WaitTally>,
 }
 
 impl FulfilmentClient {
@@ -424,6 +578,7 @@ impl FulfilmentClient {
             log: Arc::new(IntentLog::default()),
             quota: Arc::new(RetryQuota::default()),
             timeline: Arc::new(AttemptTimeline::default()),
+            waits: Arc::new(WaitTally::default()),
         })
     }
 
@@ -463,6 +618,7 @@ impl Workload for FulfilmentClient {
                 counts: self.counts.clone(),
                 quota: self.quota.clone(),
                 timeline: self.timeline.clone(),
+                waits: self.waits.clone(),
                 intent,
             };
             let log = self.log.clone();
@@ -507,7 +663,27 @@ struct IntentCopy {
     counts: Arc<AttemptCounts>,
     quota: Arc<RetryQuota>,
     timeline: Arc<AttemptTimeline>,
+    waits: Arc<WaitTally>,
     intent: Intent,
+}
+
+/// One attempt's answer as the attempt loop needs it.
+struct Replied {
+    answer: Answer,
+    /// The server's `Retry-After`, if it sent one.
+    retry_after: Option<Duration>,
+    /// `Preference-Applied` was present: the server made the attempt wait.
+    waited: bool,
+}
+
+impl Replied {
+    fn unanswered(answer: Answer, retry_after: Option<Duration>) -> Self {
+        Self {
+            answer,
+            retry_after,
+            waited: false,
+        }
+    }
 }
 
 impl IntentCopy {
@@ -522,9 +698,17 @@ impl IntentCopy {
                 KeyMode::PerAttempt => format!("attempt-{:032x}", rand::random::<u128>()),
             };
             let sent = Instant::now();
-            let (answer, retry_after) = self.send(self.instance(attempt), &key, &body).await;
+            let asks_to_wait = self.settings.asks_to_wait(attempt);
+            let Replied {
+                answer,
+                retry_after,
+                waited,
+            } = self.send(self.instance(attempt), &key, &body, asks_to_wait).await;
             self.timeline.record(sent, &answer);
             self.counts.add(&answer);
+            if asks_to_wait {
+                self.waits.record(&answer, waited, sent.elapsed());
+            }
             result.attempts = attempt;
             match answer {
                 Answer::Created { label_id, .. } => {
@@ -577,20 +761,25 @@ impl IntentCopy {
         &urls[instance_of(self.intent.index, self.copy_number, attempt, urls.len())]
     }
 
-    /// One attempt: its answer, and the server's `Retry-After` if it sent one.
-    async fn send(&self, url: &reqwest::Url, key: &str, body: &[u8]) -> (Answer, Option<Duration>) {
-        let request = self
+    /// One attempt, asking the server to wait when `asks_to_wait` (with
+    /// the deadline stretched by the wait).
+    async fn send(&self, url: &reqwest::Url, key: &str, body: &[u8], asks_to_wait: bool) -> Replied {
+        let mut request = self
             .http
             .post(url.clone())
             .bearer_auth(&self.settings.token)
             .header("idempotency-key", key)
             .header("content-type", "application/json")
-            .body(body.to_vec())
-            .timeout(self.settings.deadline);
-        let response = match request.send().await {
+            .body(body.to_vec());
+        let mut deadline = self.settings.deadline;
+        if let Some(wait_s) = self.settings.prefer_wait_s.filter(|_| asks_to_wait) {
+            request = request.header(PREFER_HEADER, format!("wait={wait_s}"));
+            deadline += Duration::from_secs(wait_s);
+        }
+        let response = match request.timeout(deadline).send().await {
             Ok(response) => response,
-            Err(error) if error.is_timeout() => return (Answer::Timeout, None),
-            Err(_) => return (Answer::Transport, None),
+            Err(error) if error.is_timeout() => return Replied::unanswered(Answer::Timeout, None),
+            Err(_) => return Replied::unanswered(Answer::Transport, None),
         };
         let status = response.status().as_u16();
         let retry_after = retry_after(response.headers());
@@ -598,10 +787,11 @@ impl IntentCopy {
             .headers()
             .get(REPLAYED_HEADER)
             .is_some_and(|value| value.as_bytes().eq_ignore_ascii_case(b"true"));
+        let waited = response.headers().contains_key(PREFERENCE_APPLIED_HEADER);
         let bytes = match read_limited(response).await {
             Ok(bytes) => bytes,
-            Err(error) if error.is_timeout() => return (Answer::Timeout, retry_after),
-            Err(_) => return (Answer::Transport, retry_after),
+            Err(error) if error.is_timeout() => return Replied::unanswered(Answer::Timeout, retry_after),
+            Err(_) => return Replied::unanswered(Answer::Transport, retry_after),
         };
         // Only the fields the client needs are decoded, into a small struct:
         // the bench shares the machine's CPU with the server it measures.
@@ -617,7 +807,11 @@ impl IntentCopy {
                 code: fields.code.as_deref().map(sanitise_code),
             },
         };
-        (answer, retry_after)
+        Replied {
+            answer,
+            retry_after,
+            waited,
+        }
     }
 }
 
@@ -717,6 +911,65 @@ mod tests {
             ClientSettings::new(&["not a url".to_owned()], &args, 1),
             Err(ClientError::Url(_))
         ));
+    }
+
+    #[test]
+    fn only_retries_ask_to_wait_and_their_wait_is_bounded() {
+        let plain = settings(&[]);
+        assert!(!plain.asks_to_wait(2));
+        let waiting = settings(&["--prefer-wait", "2"]);
+        assert!(!waiting.asks_to_wait(1), "a first attempt keeps the plain deadline");
+        assert!(waiting.asks_to_wait(2) && waiting.asks_to_wait(10));
+        assert_eq!(
+            waiting.copy_time_max() - plain.copy_time_max(),
+            Duration::from_secs(2) * plain.attempts_max
+        );
+        for refused in ["0", "301"] {
+            let args = Wrapper::parse_from(["test", "--prefer-wait", refused]).args;
+            assert_eq!(
+                ClientSettings::new(&["http://x".to_owned()], &args, 1).unwrap_err(),
+                ClientError::PreferWait,
+                "{refused}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_wait_tally_counts_what_waiting_turned_into_replays() {
+        let tally = WaitTally::default();
+        let replay = Answer::Created {
+            label_id: "L1".into(),
+            replayed: true,
+        };
+        let conflict = Answer::Status {
+            status: 409,
+            code: Some("request_in_progress".into()),
+        };
+        tally.record(&replay, true, Duration::from_millis(300));
+        tally.record(&replay, false, Duration::from_millis(2));
+        tally.record(&conflict, true, Duration::from_secs(2));
+        tally.record(&conflict, false, Duration::from_millis(1));
+        let kinds = BTreeMap::from([
+            ("409_request_in_progress".to_owned(), 5),
+            ("201_replayed".to_owned(), 2),
+        ]);
+        let report = tally.report(2, answered_409(&kinds));
+        assert_eq!(
+            (
+                report.answered_409,
+                report.waiting_attempts,
+                report.waited,
+                report.waited_then_replayed,
+                report.waiting_still_409
+            ),
+            (5, 4, 2, 1, 2)
+        );
+        assert!((299.0..=301.0).contains(&report.waited_latency_ms_p50), "{report:?}");
+        assert!(
+            (1_999.0..=2_002.0).contains(&report.waited_latency_ms_max),
+            "{report:?}"
+        );
+        assert!(report.render().contains("1 then replayed"));
     }
 
     #[test]

@@ -16,7 +16,7 @@ use crate::ramp::{RampReport, RampSettings, run_ramp};
 use crate::report::{RunSummary, Table};
 use audit::{AnswerCounts, AuditInput, AuditReport, audit};
 use cli::{FulfilmentArgs, HttpArgs, KeyMode, Profile};
-use client::{ClientError, ClientSettings, FulfilmentClient};
+use client::{ClientError, ClientSettings, FulfilmentClient, PreferWaitReport, answered_409};
 use overload::{OverloadReport, run_overload};
 use serde::{Deserialize, Serialize};
 use server::config::StoreKind;
@@ -140,6 +140,9 @@ pub struct HttpReport {
     pub overload: Option<OverloadReport>,
     /// Retries the polite client's empty quota deferred to the longest backoff.
     pub retries_refused_by_quota: u64,
+    /// What `--prefer-wait` did, when it was set.
+    #[serde(default)]
+    pub prefer_wait: Option<PreferWaitReport>,
     /// Every attempt's answer by kind, warm-up included.
     pub attempts: BTreeMap<String, u64>,
     pub audit: AuditReport,
@@ -210,6 +213,7 @@ impl HttpReport {
             ramp: None,
             overload: None,
             retries_refused_by_quota: 0,
+            prefer_wait: None,
             attempts: BTreeMap::new(),
             audit: AuditReport::default(),
             server_peak_rss_mib: None,
@@ -253,6 +257,9 @@ impl HttpReport {
                 "retries deferred by the client's empty retry quota: {}\n",
                 self.retries_refused_by_quota
             ));
+        }
+        if let Some(prefer_wait) = &self.prefer_wait {
+            text.push_str(&prefer_wait.render());
         }
         if let Some(overload) = &self.overload {
             text.push_str(&overload.render());
@@ -360,6 +367,10 @@ pub async fn run(run: &HttpRun) -> Result<HttpReport, HttpError> {
     }
     report.attempts = client.counts.snapshot();
     report.retries_refused_by_quota = client.quota.refused();
+    report.prefer_wait = run
+        .fulfilment
+        .prefer_wait
+        .map(|seconds| client.waits.report(seconds, answered_409(&report.attempts)));
     report.audit = audit_run(&admin, &server, &client, &before, &report.attempts).await;
     if let Some(pid) = server.spawned.as_ref().and_then(SpawnedServer::pid) {
         report.server_peak_rss_mib = metrics::resident_kib(pid).map(|(_, peak)| peak as f64 / 1_024.0);

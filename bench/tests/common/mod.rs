@@ -1,6 +1,8 @@
 //! An unmodified Label service and carrier simulator, started in-process
 //! from the server crate on free loopback ports, and `idem-bench http` run
 //! against them as a separate process, as an operator would run it.
+// Each test binary uses a part of this module.
+#![allow(dead_code)]
 
 use server::{App, Config, RunningServer};
 use std::path::Path;
@@ -50,6 +52,11 @@ impl LabelService {
 /// Runs `idem-bench http` for two seconds at 100 intents/s against
 /// `service`, with `extra` arguments, writing its JSON report to `json`.
 pub async fn run_bench(service: &LabelService, json: &Path, extra: &[&str]) -> Output {
+    run_bench_at(service, json, "100", extra).await
+}
+
+/// [`run_bench`] at `rate` intents/s.
+pub async fn run_bench_at(service: &LabelService, json: &Path, rate: &str, extra: &[&str]) -> Output {
     let url = service.running.base_url();
     let json = json.display().to_string();
     let mut arguments = vec![
@@ -59,7 +66,7 @@ pub async fn run_bench(service: &LabelService, json: &Path, extra: &[&str]) -> O
         "--carrier-url",
         &service.carrier_url,
         "--rate",
-        "100",
+        rate,
         "--duration-s",
         "2",
         "--warmup-s",
@@ -80,4 +87,15 @@ pub async fn run_bench(service: &LabelService, json: &Path, extra: &[&str]) -> O
 
 pub fn read_report(json: &Path) -> serde_json::Value {
     serde_json::from_slice(&std::fs::read(json).unwrap()).unwrap()
+}
+
+/// The http report of a run that must have exited cleanly with a passed
+/// audit (asserted, with the bench's output on failure).
+pub fn passed_http_report(output: &Output, json: &Path) -> serde_json::Value {
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    let http = read_report(json)["http"][0].clone();
+    assert_eq!(http["audit"]["passed"], true, "{}", http["audit"]);
+    http
 }

@@ -14,7 +14,7 @@ pub const BODY_BYTES_MAX: usize = 1_024;
 
 /// A slot under the application's cap on work in flight.
 #[derive(Clone)]
-pub struct WorkSlot(#[allow(dead_code)] Arc<OwnedSemaphorePermit>);
+pub struct WorkSlot(#[allow(dead_code)] pub Arc<OwnedSemaphorePermit>);
 
 /// Middleware (for `axum::middleware::from_fn`) that gives every request a
 /// [`WorkSlot`] from `slots`; a request finding none free fails the test.

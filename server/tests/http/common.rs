@@ -66,8 +66,13 @@ pub struct TestServer {
     _guard: BackendGuard,
 }
 
-fn pair(key: &str, value: impl ToString) -> (String, String) {
-    (key.to_owned(), value.to_string())
+pub use test_support::process::pair;
+
+/// A fresh database on the shared PostgreSQL server, its URL as a TOML string.
+pub async fn fresh_postgres_url() -> String {
+    let postgres = store_postgres::testkit::PostgresServer::shared();
+    let database = postgres.create_database().await.expect("create a test database");
+    format!("\"{}\"", database.url)
 }
 
 async fn backend_env(backend: StoreKind, data: &TempDir) -> (Vec<(String, String)>, BackendGuard) {
@@ -95,10 +100,8 @@ async fn backend_env(backend: StoreKind, data: &TempDir) -> (Vec<(String, String
             BackendGuard::Redis(server)
         }
         StoreKind::Postgres => {
-            let postgres = store_postgres::testkit::PostgresServer::shared();
-            let database = postgres.create_database().await.expect("create a test database");
             env.push(pair("IDEM__STORE__KIND", "postgres"));
-            env.push(pair("IDEM__STORE__POSTGRES__URL", format!("\"{}\"", database.url)));
+            env.push(pair("IDEM__STORE__POSTGRES__URL", fresh_postgres_url().await));
             BackendGuard::None
         }
         #[cfg(feature = "foundationdb")]

@@ -25,6 +25,7 @@ mod secrets;
 mod shutdown;
 mod slow_clients;
 mod tls;
+mod waiting;
 
 /// One module of `#[tokio::test]`s, one per case, on one backend.
 macro_rules! cases_on {

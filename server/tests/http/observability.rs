@@ -397,6 +397,9 @@ async fn every_counter_and_histogram_is_exported_at_zero_right_after_start() {
         "idem_carrier_calls_total{outcome=\"server_error\"}",
         "idem_http_requests_total{route=\"/v1/labels\",method=\"POST\",status=\"503\",outcome=\"unavailable\"}",
         "idem_http_requests_total{route=\"/v1/labels\",method=\"POST\",status=\"500\",outcome=\"internal_error\"}",
+        "idem_waiters",
+        "idem_waits_total{outcome=\"replayed\"}",
+        "idem_waits_total{outcome=\"refused_cap\"}",
     ];
     for series in at_zero {
         assert!(has_series(&text, series), "{series} missing right after start:\n{text}");
@@ -416,6 +419,7 @@ async fn every_counter_and_histogram_is_exported_at_zero_right_after_start() {
         "idem_carrier_call_duration_seconds_bucket{outcome=\"purchased\"",
         "idem_store_operation_duration_seconds_bucket{backend=\"embedded\",operation=\"claim\",result=\"error\"",
         "idem_http_request_duration_seconds_bucket{route=\"/v1/labels\",method=\"POST\"",
+        "idem_wait_duration_seconds_bucket{outcome=\"timed_out\"",
     ];
     for histogram in histograms {
         assert!(

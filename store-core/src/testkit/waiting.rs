@@ -91,6 +91,8 @@ async fn a_waiter_wakes_promptly_when_another_instance_ends_the_record(
     let lease = holder(&writing, &caller, "k").await;
     let request = claim_request(&caller, "k", "body");
     let mut watch = hub(&waiting).subscribe(&caller, &request.key).expect("subscribe");
+    // As `claim_waiting` does before each read after which it may sleep.
+    watch.expect_end().await.expect("expect the record's end");
     assert_eq!(waiting.claim(&request).await.unwrap().kind(), "in_progress");
     // Let a source that arms asynchronously (a watch, a subscription) arm,
     // and take its "armed" nudge out of the way.

@@ -96,9 +96,7 @@ pub async fn fresh_database(server: &PostgresServer) -> String {
     server.create_database().await.expect("create a test database").url
 }
 
-pub fn pair(key: &str, value: impl ToString) -> (String, String) {
-    (key.to_owned(), value.to_string())
-}
+pub use test_support::process::pair;
 
 /// The cluster file of the FoundationDB the tests run on: `FDB_CLUSTER_FILE`,
 /// required, so a run without a cluster fails loudly instead of trying
