@@ -21,7 +21,7 @@
 
 use crate::support::audit::{LabelCensus, census_postgres, open_embedded_at};
 use crate::support::backends::{BackendSetup, pair};
-use crate::support::process::{ServerProcess, start_server};
+use crate::support::process::{ServerProcess, start_carrier, start_server};
 use crate::support::{
     ALICE_ID, LabelPost, Reply, callers_env, client, derived_key, label_body, metric_value, metrics_text, scaled, seed,
     unique_order_id,
@@ -260,17 +260,7 @@ async fn crash_run(backend: StoreKind) {
     let crashes = scaled("IDEM_CRASHES", crashes_ci_default(backend));
     let mut rng = StdRng::seed_from_u64(seed(&format!("crash_{}", backend.name())));
     let setup = BackendSetup::start(backend).await;
-    let carrier_env = [
-        pair("IDEM__CARRIER__SIMULATOR__LATENCY_MS_MIN", 0),
-        pair("IDEM__CARRIER__SIMULATOR__LATENCY_MS_MAX", 2),
-    ];
-    let carrier = start_server(
-        &["carrier", "--listen", "127.0.0.1:0"],
-        &carrier_env,
-        None,
-        setup.data.path(),
-    )
-    .await;
+    let carrier = start_carrier((0, 2), 0.0, setup.data.path()).await;
     let env = server_env(&setup, &carrier.url);
     let mut driver = Driver {
         http: client(),

@@ -16,7 +16,7 @@
 
 use crate::support::audit::census_postgres;
 use crate::support::backends::{durable_redis, fresh_database, pair};
-use crate::support::process::{ServerProcess, start_server};
+use crate::support::process::{ServerProcess, start_carrier, start_server};
 use crate::support::{
     ALICE, ALICE_ID, LabelPost, callers_env, client, derived_key, label_body, scaled, unique_order_id,
 };
@@ -144,12 +144,7 @@ async fn fleet_run(combination: Combination) {
     let intents = scaled("IDEM_FLEET_INTENTS", FLEET_INTENTS_CI_DEFAULT);
     let store = SharedStore::start(combination).await;
     let dir = tempfile::tempdir().expect("temporary directory");
-    let carrier_env = [
-        pair("IDEM__CARRIER__SIMULATOR__LATENCY_MS_MIN", 0),
-        pair("IDEM__CARRIER__SIMULATOR__LATENCY_MS_MAX", 2),
-        pair("IDEM__CARRIER__SIMULATOR__LOST_REPLY_RATE", LOST_REPLY_RATE),
-    ];
-    let carrier = start_server(&["carrier", "--listen", "127.0.0.1:0"], &carrier_env, None, dir.path()).await;
+    let carrier = start_carrier((0, 2), LOST_REPLY_RATE, dir.path()).await;
     let mut env = store.env.clone();
     env.extend([
         pair("IDEM__SERVER__LISTEN", "127.0.0.1:0"),

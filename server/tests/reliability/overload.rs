@@ -8,7 +8,7 @@
 //! admitted creates must hold near the baseline.
 
 use crate::support::backends::{BackendSetup, pair};
-use crate::support::process::{ServerProcess, start_server};
+use crate::support::process::{ServerProcess, start_carrier, start_server};
 use crate::support::{LabelPost, callers_env, derived_key, label_body, unique_order_id};
 use server::config::StoreKind;
 use std::sync::Mutex;
@@ -108,17 +108,7 @@ fn percentile_99(latencies: &Mutex<Vec<u128>>) -> u128 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_times_the_in_flight_cap_is_shed_fast_in_bounded_memory_and_throughput_holds() {
     let setup = BackendSetup::start(StoreKind::Embedded).await;
-    let carrier_env = [
-        pair("IDEM__CARRIER__SIMULATOR__LATENCY_MS_MIN", CARRIER_LATENCY_MS),
-        pair("IDEM__CARRIER__SIMULATOR__LATENCY_MS_MAX", CARRIER_LATENCY_MS),
-    ];
-    let carrier = start_server(
-        &["carrier", "--listen", "127.0.0.1:0"],
-        &carrier_env,
-        None,
-        setup.data.path(),
-    )
-    .await;
+    let carrier = start_carrier((CARRIER_LATENCY_MS, CARRIER_LATENCY_MS), 0.0, setup.data.path()).await;
     let mut env = setup.env();
     env.extend([
         pair("IDEM__SERVER__LISTEN", "127.0.0.1:0"),

@@ -11,8 +11,21 @@
 
 use server::failpoints::{FAILPOINTS_VARIABLE, REACHED_MARKER};
 use std::path::Path;
-use test_support::process::ProcessSpec;
 pub use test_support::process::ServerProcess;
+use test_support::process::{ProcessSpec, pair};
+
+/// The carrier simulator as a process of its own (it outlives the
+/// service's crashes and restarts), on a port of its choosing, answering
+/// after `latency_ms` (min, max) and dropping `lost_reply_rate` of its
+/// replies after selling.
+pub async fn start_carrier(latency_ms: (u64, u64), lost_reply_rate: f64, dir: &Path) -> ServerProcess {
+    let env = [
+        pair("IDEM__CARRIER__SIMULATOR__LATENCY_MS_MIN", latency_ms.0),
+        pair("IDEM__CARRIER__SIMULATOR__LATENCY_MS_MAX", latency_ms.1),
+        pair("IDEM__CARRIER__SIMULATOR__LOST_REPLY_RATE", lost_reply_rate),
+    ];
+    start_server(&["carrier", "--listen", "127.0.0.1:0"], &env, None, dir).await
+}
 
 /// Runs `server ARGS` with `env` in `dir`, optionally with `FAILPOINTS`,
 /// and waits for its "listening on http://..." line.
