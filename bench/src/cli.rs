@@ -3,9 +3,9 @@
 use crate::engine::{CONCURRENCY_DEFAULT, DRAIN_MS_DEFAULT, INFLIGHT_MAX_DEFAULT, LoadPlan};
 use crate::ramp::RampSettings;
 use crate::schedule::Arrivals;
-use crate::store_mode::Backend;
 use crate::store_mode::run::SaturationSettings;
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use server::config::StoreKind;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -223,8 +223,8 @@ impl SaturationArgs {
 #[derive(Debug, Clone, Args)]
 pub struct StoreArgs {
     /// Backends to run, in order (repeatable).
-    #[arg(long = "backend", value_enum, default_values_t = [Backend::Embedded])]
-    pub backends: Vec<Backend>,
+    #[arg(long = "backend", value_enum, default_values_t = [StoreKind::Embedded])]
+    pub backends: Vec<StoreKind>,
     #[command(flatten)]
     pub load: LoadArgs,
     #[command(flatten)]
@@ -248,8 +248,8 @@ pub struct CompareArgs {
     #[arg(long, value_enum, default_value_t = CompareMode::Store)]
     pub mode: CompareMode,
     /// Backends to try; each one this machine cannot start is reported as unavailable.
-    #[arg(long = "backend", value_enum, default_values_t = Backend::ALL)]
-    pub backends: Vec<Backend>,
+    #[arg(long = "backend", value_enum, default_values_t = StoreKind::SELF_STARTED)]
+    pub backends: Vec<StoreKind>,
     #[command(flatten)]
     pub load: LoadArgs,
     #[command(flatten)]
@@ -280,7 +280,7 @@ mod tests {
         };
         assert_eq!(args.load.rate, 2_000.0);
         assert_eq!(args.load.duration_s, 60);
-        assert_eq!(args.backends, [Backend::Embedded]);
+        assert_eq!(args.backends, [StoreKind::Embedded]);
         assert!(args.load.ramp().is_none());
     }
 }

@@ -8,9 +8,9 @@
 
 use crate::admission::admit;
 use crate::auth::{Callers, require_caller};
-use crate::backend::{self, BackendError, Backends};
+use crate::backend::{self, BackendError, Backends, OpenOptions};
 use crate::carrier::{CarrierClient, CarrierServer};
-use crate::config::{BODY_BYTES_MAX, Config, ConfigError, DEMO_CALLER_ID, DEMO_TOKEN, StoreKind};
+use crate::config::{BODY_BYTES_MAX, Config, ConfigError, DEMO_CALLER_ID, DEMO_TOKEN};
 use crate::connections::{ConnectionLimits, serve_connections};
 use crate::idempotency::{self, Idempotency, IdempotencyLayer};
 use crate::labels::LabelStore;
@@ -174,7 +174,7 @@ impl App {
         let carrier_roots = carrier_roots(&config.carrier)?;
         let metrics = prometheus_handle().map_err(StartupError::Metrics)?;
         let callers = Callers::from_config(&config.callers).map_err(StartupError::Callers)?;
-        let backends = backend::open(&config, &clock).await?;
+        let backends = backend::open(&config, &OpenOptions::with_clock(clock.clone())).await?;
         register_at_zero(backends.records.backend_name());
         export_limits(config.server.in_flight_max);
         let (carrier_url, carrier_server) = start_carrier(&config).await?;
@@ -200,7 +200,7 @@ impl App {
             metrics,
             carrier_retry_after_s: config.carrier.retry_after_s,
             store_kind: config.store.kind.name(),
-            embedded: backends.embedded.clone(),
+            embedded: backends.embedded.as_ref().map(|store| store.engine().clone()),
             shutting_down: CancellationToken::new(),
             policy: config.policy()?,
         };
@@ -239,8 +239,12 @@ impl App {
 
     fn log_startup(&self, carrier_url: &str) {
         tracing::info!(store = self.config.store.kind.name(), "{}", self.backends.description);
-        if self.config.store.kind == StoreKind::Redis {
-            tracing::warn!("store.kind = \"redis\": a label and its idempotency record do NOT commit atomically");
+        let kind = self.config.store.kind;
+        if !kind.holds_labels() {
+            tracing::warn!(
+                "store.kind = \"{}\": a label and its idempotency record do NOT commit atomically",
+                kind.name()
+            );
         }
         match &self.carrier_server {
             Some(_) => tracing::info!("carrier: in-process simulator at {carrier_url}"),

@@ -1,4 +1,7 @@
-//! Opens the stores that `store.kind` and `store.labels` name.
+//! The backend registry: opens the stores that `store.kind` and
+//! `store.labels` name. The server, its tests and the bench all open
+//! backends here, from the config's `[store]` section (each backend's
+//! section is its store crate's own config type).
 //!
 //! | kind           | labels         | records          | labels live in                  | label + record   | instances |
 //! |----------------|----------------|------------------|---------------------------------|------------------|-----------|
@@ -7,13 +10,70 @@
 //! | `postgres`     | `with_records` | PostgreSQL       | `labels` table, same database   | one transaction  | many      |
 //! | `redis`        | `embedded`     | Redis            | embedded store (a local dir)    | separate commits | one       |
 //! | `redis`        | `postgres`     | Redis            | `labels` table in PostgreSQL    | separate commits | many      |
+//! | `memory`       | as `redis`     | a map in memory  | as `redis`                      | separate commits | one       |
+//!
+//! `memory` (store-memory, the reference store) is volatile and only in a
+//! server built with the `memory-store` feature, which the server's own
+//! tests turn on.
+//!
+//! Adding a backend: a [`StoreKind`] variant, an [`OpenedStore`] variant and
+//! its arm in [`open_store`] (plus where its labels live, in [`open`]).
 
-use crate::config::{Config, DurabilityConfig, LabelsKind, StoreKind};
+use crate::config::{Config, LabelsKind, StoreConfig, StoreKind};
 use crate::instrumented::InstrumentedStore;
 use crate::labels::{FdbLabels, LABELS_MIGRATION, LabelStore, PostgresLabels, SplitLabels};
 use std::sync::Arc;
 use store_core::{IdempotencyStore, Policy, SharedClock, StoreError, SystemClock};
-use store_fdb::{Durability, EmbeddedConfig, EmbeddedEngine, EmbeddedStore};
+use store_fdb::EmbeddedStore;
+
+/// What a caller sets beside the config. The server passes its one clock
+/// and the config's policy; tests pass a manual clock, or a policy the
+/// config would refuse (a lease shorter than the carrier timeout).
+#[derive(Clone)]
+pub struct OpenOptions {
+    /// The clock the embedded, FoundationDB and memory stores read (the
+    /// idempotency layer's too); Redis and PostgreSQL decide expiry by
+    /// their servers' clocks and take none (ARCHITECTURE.md, "Which clock
+    /// decides lease expiry").
+    pub clock: SharedClock,
+    /// The store policy; `None`: the config's `[policy]`.
+    pub policy: Option<Policy>,
+}
+
+impl OpenOptions {
+    /// The server's options: its clock, the config's policy.
+    pub fn with_clock(clock: SharedClock) -> Self {
+        Self { clock, policy: None }
+    }
+}
+
+/// One opened record store, by kind, without the server's timing wrapper:
+/// what the bench drives and tests audit.
+#[derive(Clone)]
+pub enum OpenedStore {
+    Embedded(Arc<EmbeddedStore>),
+    Redis(Arc<store_redis::RedisStore>),
+    Postgres(Arc<store_postgres::PostgresStore>),
+    #[cfg(feature = "foundationdb")]
+    Foundationdb(Arc<store_fdb::FoundationDbStore>),
+    #[cfg(feature = "memory-store")]
+    Memory(Arc<store_memory::MemoryStore>),
+}
+
+impl OpenedStore {
+    /// The store as the idempotency layer takes it.
+    pub fn records(&self) -> Arc<dyn IdempotencyStore> {
+        match self {
+            OpenedStore::Embedded(store) => store.clone(),
+            OpenedStore::Redis(store) => store.clone(),
+            OpenedStore::Postgres(store) => store.clone(),
+            #[cfg(feature = "foundationdb")]
+            OpenedStore::Foundationdb(store) => store.clone(),
+            #[cfg(feature = "memory-store")]
+            OpenedStore::Memory(store) => store.clone(),
+        }
+    }
+}
 
 /// The opened stores.
 pub struct Backends {
@@ -21,11 +81,14 @@ pub struct Backends {
     /// Every record operation goes through here (timed).
     pub records: Arc<dyn IdempotencyStore>,
     pub labels: Arc<dyn LabelStore>,
+    /// The record store itself, untimed.
+    pub store: OpenedStore,
     /// One line for the startup log: where records and labels live.
     pub description: String,
-    /// The embedded engine, if one is open: flushed at shutdown, observed
-    /// by the metrics.
-    pub embedded: Option<EmbeddedEngine>,
+    /// The embedded store, if one is open (the records', or the labels'
+    /// beside Redis or memory records): flushed at shutdown, observed by
+    /// the metrics.
+    pub embedded: Option<Arc<EmbeddedStore>>,
 }
 
 /// Why the stores could not be opened.
@@ -49,24 +112,56 @@ impl Backends {
     /// Makes everything committed durable; called at shutdown.
     pub fn flush(&self) -> Result<(), StoreError> {
         match &self.embedded {
-            Some(engine) => engine.flush(),
+            Some(store) => store.engine().flush(),
             None => Ok(()),
         }
     }
 }
 
-/// Opens the stores of `config.store.kind`. The embedded and FoundationDB
-/// stores read `clock` (the server's one clock, the idempotency layer's
-/// too); Redis and PostgreSQL decide expiry by their servers' clocks and
-/// take none (ARCHITECTURE.md, "Which clock decides lease expiry").
-pub async fn open(config: &Config, clock: &SharedClock) -> Result<Backends, BackendError> {
-    let policy = policy_of(config)?;
-    match config.store.kind {
-        StoreKind::Embedded => open_embedded(config, policy, clock),
-        StoreKind::Redis => open_redis(config, policy, clock).await,
-        StoreKind::Postgres => open_postgres(config, policy).await,
-        StoreKind::Foundationdb => open_foundationdb(config, policy, clock).await,
-    }
+/// Opens the record store of `config.store.kind` and the label store
+/// `store.labels` names, running the label migrations where labels live in
+/// PostgreSQL.
+pub async fn open(config: &Config, options: &OpenOptions) -> Result<Backends, BackendError> {
+    let policy = match options.policy {
+        Some(policy) => policy,
+        None => policy_of(config)?,
+    };
+    let store_config = &config.store;
+    let store = open_store(store_config, policy, &options.clock).await?;
+    let records: Arc<dyn IdempotencyStore> = Arc::new(InstrumentedStore::new(store.records()));
+    let (labels, description, embedded): (Arc<dyn LabelStore>, String, _) = match &store {
+        OpenedStore::Embedded(embedded) => (
+            Arc::new(FdbLabels::new(embedded.clone())),
+            format!(
+                "records and labels in the embedded store at {} (one transaction per label)",
+                shown_path(&store_config.embedded.path)
+            ),
+            Some(embedded.clone()),
+        ),
+        OpenedStore::Postgres(postgres) => {
+            migrate_labels(postgres, StoreKind::Postgres).await?;
+            (
+                Arc::new(PostgresLabels::new(postgres.as_ref().clone())),
+                "records and labels in PostgreSQL (one transaction per label)".to_owned(),
+                None,
+            )
+        }
+        #[cfg(feature = "foundationdb")]
+        OpenedStore::Foundationdb(foundationdb) => (
+            Arc::new(FdbLabels::new(foundationdb.clone())),
+            "records and labels in FoundationDB (one transaction per label)".to_owned(),
+            None,
+        ),
+        _ => return open_labels_apart(store_config, policy, &options.clock, store, records).await,
+    };
+    Ok(Backends {
+        kind: store_config.kind,
+        records,
+        labels,
+        store,
+        description,
+        embedded,
+    })
 }
 
 fn policy_of(config: &Config) -> Result<Policy, BackendError> {
@@ -80,80 +175,80 @@ fn policy_of(config: &Config) -> Result<Policy, BackendError> {
 /// commands (`server forget-unreadable-record`): no label store, and no
 /// migrations, which are the serving process's to run. On the embedded
 /// store this takes the directory's lock, so it fails while a server runs
-/// on it ([`EmbeddedEngine::is_directory_locked`]); with Redis records and
-/// `store.labels = "embedded"` the label directory is not opened, so it
-/// works beside a running server.
+/// on it ([`store_fdb::EmbeddedEngine::is_directory_locked`]); with Redis
+/// records and `store.labels = "embedded"` the label directory is not
+/// opened, so it works beside a running server.
 pub async fn open_records(config: &Config) -> Result<Arc<dyn IdempotencyStore>, BackendError> {
-    let policy = policy_of(config)?;
-    Ok(match config.store.kind {
-        // An operator's command: the system's clock, as a server's.
-        StoreKind::Embedded => embedded_store(config, policy, StoreKind::Embedded, &SystemClock::shared())?,
-        StoreKind::Redis => Arc::new(redis_store(config, policy).await?),
-        StoreKind::Postgres => Arc::new(postgres_store(config, policy, "postgres")?),
-        StoreKind::Foundationdb => foundationdb_records(config, policy, &SystemClock::shared()).await?,
-    })
+    // An operator's command: the system's clock, as a server's.
+    let store = open_store(&config.store, policy_of(config)?, &SystemClock::shared()).await?;
+    Ok(store.records())
 }
 
-#[cfg(feature = "foundationdb")]
-async fn foundationdb_records(
-    config: &Config,
+/// Opens the record store `store.kind` names, and nothing else: no label
+/// store, no migrations (the caller runs its own: the server its labels',
+/// the bench its effect rows'). The one place a backend is opened.
+pub async fn open_store(
+    config: &StoreConfig,
     policy: Policy,
     clock: &SharedClock,
-) -> Result<Arc<dyn IdempotencyStore>, BackendError> {
-    Ok(foundationdb_store(config, policy, clock).await?)
+) -> Result<OpenedStore, BackendError> {
+    let kind = config.kind;
+    if !kind.is_built() {
+        return Err(not_built(kind));
+    }
+    match kind {
+        StoreKind::Embedded => Ok(OpenedStore::Embedded(embedded_store(config, policy, kind, clock)?)),
+        StoreKind::Redis => Ok(OpenedStore::Redis(Arc::new(redis_store(config, policy).await?))),
+        StoreKind::Postgres => Ok(OpenedStore::Postgres(Arc::new(postgres_store(config, policy, kind)?))),
+        StoreKind::Foundationdb => foundationdb_store(config, policy, clock).await,
+        StoreKind::Memory => memory_store(policy, clock),
+    }
 }
 
-#[cfg(not(feature = "foundationdb"))]
-async fn foundationdb_records(
-    _config: &Config,
-    _policy: Policy,
-    _clock: &SharedClock,
-) -> Result<Arc<dyn IdempotencyStore>, BackendError> {
-    Err(without_foundationdb())
+#[cfg(feature = "memory-store")]
+fn memory_store(policy: Policy, clock: &SharedClock) -> Result<OpenedStore, BackendError> {
+    Ok(OpenedStore::Memory(Arc::new(store_memory::MemoryStore::new(
+        policy,
+        clock.clone(),
+    ))))
+}
+
+#[cfg(not(feature = "memory-store"))]
+fn memory_store(_policy: Policy, _clock: &SharedClock) -> Result<OpenedStore, BackendError> {
+    Err(not_built(StoreKind::Memory))
+}
+
+/// The refusal of a kind this binary was built without, naming the
+/// feature that builds it in.
+fn not_built(kind: StoreKind) -> BackendError {
+    let feature = kind.cargo_feature().unwrap_or("default");
+    let why = match kind {
+        StoreKind::Foundationdb => {
+            " (needs FoundationDB's client library libfdb_c at link time and run time)".to_owned()
+        }
+        StoreKind::Memory => ": a volatile store for tests and examples, never for production".to_owned(),
+        _ => String::new(),
+    };
+    BackendError::Refused {
+        kind: kind.name(),
+        detail: format!(
+            "this binary was built without it; rebuild with `cargo build --release -p server --features {feature}`{why}"
+        ),
+    }
 }
 
 fn embedded_store(
-    config: &Config,
+    config: &StoreConfig,
     policy: Policy,
     kind: StoreKind,
     clock: &SharedClock,
 ) -> Result<Arc<EmbeddedStore>, BackendError> {
-    let embedded = &config.store.embedded;
-    let durability = match embedded.durability {
-        DurabilityConfig::SyncData => Durability::SyncData,
-        DurabilityConfig::SyncAll => Durability::SyncAll,
-        DurabilityConfig::Buffer => Durability::Buffer,
-    };
-    let store_config = EmbeddedConfig {
-        durability,
-        sizes: embedded.sizes(),
-        ..EmbeddedConfig::new(&embedded.path)
-    };
-    EmbeddedStore::open_embedded_with_clock(&store_config, policy, clock.clone())
+    EmbeddedStore::open_embedded_with_clock(&config.embedded, policy, clock.clone())
         .map(Arc::new)
         .map_err(|source| BackendError::Store {
             kind: kind.name(),
             source,
         })
-}
-
-fn open_embedded(config: &Config, policy: Policy, clock: &SharedClock) -> Result<Backends, BackendError> {
-    let store = embedded_store(config, policy, StoreKind::Embedded, clock)?;
-    Ok(Backends {
-        kind: StoreKind::Embedded,
-        records: Arc::new(InstrumentedStore::new(store.clone())),
-        labels: Arc::new(FdbLabels::new(store.clone())),
-        description: format!(
-            "records and labels in the embedded store at {} (one transaction per label)",
-            shown_path(&config.store.embedded.path)
-        ),
-        embedded: Some(store.engine().clone()),
-    })
-}
-
-/// A path from the config, where empty means "not set".
-fn configured_path(path: &str) -> Option<std::path::PathBuf> {
-    (!path.is_empty()).then(|| std::path::PathBuf::from(path))
 }
 
 /// A store's error at opening: its TLS refusals (which the stores' messages
@@ -177,23 +272,8 @@ fn shown_path(path: &std::path::Path) -> String {
 }
 
 /// The Redis record store of `[store.redis]`, connected and checked.
-async fn redis_store(config: &Config, policy: Policy) -> Result<store_redis::RedisStore, BackendError> {
-    let redis = &config.store.redis;
-    let redis_config = store_redis::RedisConfig {
-        urls: redis.urls.clone(),
-        tls: store_redis::RedisTls {
-            ca_file: configured_path(&redis.ca_file),
-            client_cert_file: configured_path(&redis.client_cert_file),
-            client_key_file: configured_path(&redis.client_key_file),
-        },
-        cluster: redis.cluster,
-        key_prefix: redis.key_prefix.clone(),
-        response_timeout_ms: redis.response_timeout_ms,
-        connection_timeout_ms: redis.connection_timeout_ms,
-        wait: None,
-        accept_eviction: redis.accept_eviction,
-    };
-    let store = store_redis::RedisStore::connect(redis_config, policy)
+async fn redis_store(config: &StoreConfig, policy: Policy) -> Result<store_redis::RedisStore, BackendError> {
+    let store = store_redis::RedisStore::connect(config.redis.clone(), policy)
         .await
         .map_err(|source| store_error("redis", store_redis::TLS_ERROR_PREFIX, source))?;
     for warning in &store.server_report().warnings {
@@ -202,59 +282,63 @@ async fn redis_store(config: &Config, policy: Policy) -> Result<store_redis::Red
     Ok(store)
 }
 
-async fn open_redis(config: &Config, policy: Policy, clock: &SharedClock) -> Result<Backends, BackendError> {
-    let store = redis_store(config, policy).await?;
-    let records: Arc<dyn IdempotencyStore> = Arc::new(InstrumentedStore::new(Arc::new(store)));
-    if config.store.labels_kind() == LabelsKind::Postgres {
-        let labels = PostgresLabels::new(migrated_postgres(config, policy, "redis").await?);
+/// Labels apart from records that cannot hold them (Redis, memory): in
+/// PostgreSQL, or in the embedded store; two commits per label.
+async fn open_labels_apart(
+    config: &StoreConfig,
+    policy: Policy,
+    clock: &SharedClock,
+    store: OpenedStore,
+    records: Arc<dyn IdempotencyStore>,
+) -> Result<Backends, BackendError> {
+    let kind = config.kind;
+    let records_where = match kind {
+        StoreKind::Memory => "records in memory (volatile: lost at exit; for tests)",
+        _ => "records in Redis",
+    };
+    if config.labels_kind() == LabelsKind::Postgres {
+        let labels = PostgresLabels::new(migrated_postgres(config, policy, kind).await?);
         return Ok(Backends {
-            kind: StoreKind::Redis,
+            kind,
             records: records.clone(),
             labels: Arc::new(SplitLabels::new(records, labels)),
-            description: "records in Redis, labels in PostgreSQL: NOT atomic, a label and its record commit \
+            store,
+            description: format!(
+                "{records_where}, labels in PostgreSQL: NOT atomic, a label and its record commit \
                  separately; the per-parcel uniqueness of labels and the parcel's carrier key are the second \
                  line of defence. Several instances may share these stores."
-                .to_owned(),
+            ),
             embedded: None,
         });
     }
-    let labels_store = embedded_store(config, policy, StoreKind::Redis, clock)?;
+    let labels_store = embedded_store(config, policy, kind, clock)?;
     tracing::warn!(
         "store.labels = \"embedded\": labels live in a local directory, so this instance must be the only \
-         one on these Redis records; run several with store.labels = \"postgres\""
+         one on these records; run several with store.labels = \"postgres\""
     );
     Ok(Backends {
-        kind: StoreKind::Redis,
+        kind,
         records: records.clone(),
         labels: Arc::new(SplitLabels::new(records, FdbLabels::new(labels_store.clone()))),
+        store,
         description: format!(
-            "records in Redis, labels in the embedded store at {}: NOT atomic, a label and its record \
+            "{records_where}, labels in the embedded store at {}: NOT atomic, a label and its record \
              commit separately; the per-parcel uniqueness of labels is the second line of defence; \
              one instance only",
-            shown_path(&config.store.embedded.path)
+            shown_path(&config.embedded.path)
         ),
-        embedded: Some(labels_store.engine().clone()),
+        embedded: Some(labels_store),
     })
 }
 
 /// The PostgreSQL store of `[store.postgres]`: a pool, not yet connected.
 fn postgres_store(
-    config: &Config,
+    config: &StoreConfig,
     policy: Policy,
-    kind: &'static str,
+    kind: StoreKind,
 ) -> Result<store_postgres::PostgresStore, BackendError> {
-    let postgres = &config.store.postgres;
-    let postgres_config = store_postgres::PostgresConfig {
-        url: postgres.url.clone(),
-        pool_size: postgres.pool_size,
-        connect_timeout_ms: postgres.connect_timeout_ms,
-        statement_timeout_ms: postgres.statement_timeout_ms,
-        operation_timeout_ms: postgres.operation_timeout_ms,
-        ssl_mode: postgres.sslmode.store_mode(),
-        ca_file: configured_path(&postgres.ca_file),
-        ..store_postgres::PostgresConfig::new(postgres.url.clone())
-    };
-    store_postgres::PostgresStore::new(&postgres_config, policy).map_err(|error| match error {
+    let kind = kind.name();
+    store_postgres::PostgresStore::new(&config.postgres, policy).map_err(|error| match error {
         store_postgres::ConfigError::Tls(tls) => BackendError::Tls {
             kind,
             detail: tls.to_string(),
@@ -268,12 +352,19 @@ fn postgres_store(
 
 /// The PostgreSQL store of `[store.postgres]`, migrated (records and labels).
 async fn migrated_postgres(
-    config: &Config,
+    config: &StoreConfig,
     policy: Policy,
-    kind: &'static str,
+    kind: StoreKind,
 ) -> Result<store_postgres::PostgresStore, BackendError> {
     let store = postgres_store(config, policy, kind)?;
-    // The first connection: where a wrong CA shows, at startup.
+    migrate_labels(&store, kind).await?;
+    Ok(store)
+}
+
+/// Runs the store's migrations and the labels table's: the first
+/// connection, where a wrong CA shows, at startup.
+async fn migrate_labels(store: &store_postgres::PostgresStore, kind: StoreKind) -> Result<(), BackendError> {
+    let kind = kind.name();
     store.migrate(&[LABELS_MIGRATION]).await.map_err(|error| match error {
         store_postgres::MigrateError::Store(StoreError::Refused { detail, .. })
             if detail.starts_with(store_postgres::TLS_ERROR_PREFIX) =>
@@ -285,70 +376,33 @@ async fn migrated_postgres(
             detail: format!("migrations: {other}"),
         },
     })?;
-    Ok(store)
-}
-
-async fn open_postgres(config: &Config, policy: Policy) -> Result<Backends, BackendError> {
-    let store = migrated_postgres(config, policy, "postgres").await?;
-    Ok(Backends {
-        kind: StoreKind::Postgres,
-        records: Arc::new(InstrumentedStore::new(Arc::new(store.clone()))),
-        labels: Arc::new(PostgresLabels::new(store)),
-        description: "records and labels in PostgreSQL (one transaction per label)".to_owned(),
-        embedded: None,
-    })
+    Ok(())
 }
 
 /// The FoundationDB store of `[store.foundationdb]`.
 #[cfg(feature = "foundationdb")]
 async fn foundationdb_store(
-    config: &Config,
+    config: &StoreConfig,
     policy: Policy,
     clock: &SharedClock,
-) -> Result<Arc<store_fdb::FoundationDbStore>, BackendError> {
-    use store_fdb::{FoundationDbConfig, FoundationDbNetwork, FoundationDbStore, KeyPrefix};
-    let settings = &config.store.foundationdb;
+) -> Result<OpenedStore, BackendError> {
+    use store_fdb::{FoundationDbNetwork, FoundationDbStore};
     let store_error = |source| BackendError::Store {
         kind: "foundationdb",
         source,
     };
     let network = FoundationDbNetwork::start().map_err(store_error)?;
-    let fdb_config = FoundationDbConfig {
-        cluster_file: (!settings.cluster_file.is_empty()).then(|| settings.cluster_file.clone()),
-        prefix: KeyPrefix::Bytes(settings.key_prefix.as_bytes().to_vec()),
-        ..FoundationDbConfig::default()
-    };
-    FoundationDbStore::open_foundationdb(network, &fdb_config, policy)
+    FoundationDbStore::open_foundationdb(network, &config.foundationdb, policy)
         .await
-        .map(|store| Arc::new(store.with_clock(clock.clone())))
+        .map(|store| OpenedStore::Foundationdb(Arc::new(store.with_clock(clock.clone()))))
         .map_err(store_error)
 }
 
-#[cfg(feature = "foundationdb")]
-async fn open_foundationdb(config: &Config, policy: Policy, clock: &SharedClock) -> Result<Backends, BackendError> {
-    let store = foundationdb_store(config, policy, clock).await?;
-    Ok(Backends {
-        kind: StoreKind::Foundationdb,
-        records: Arc::new(InstrumentedStore::new(store.clone())),
-        labels: Arc::new(FdbLabels::new(store)),
-        description: "records and labels in FoundationDB (one transaction per label)".to_owned(),
-        embedded: None,
-    })
-}
-
 #[cfg(not(feature = "foundationdb"))]
-async fn open_foundationdb(_config: &Config, _policy: Policy, _clock: &SharedClock) -> Result<Backends, BackendError> {
-    Err(without_foundationdb())
-}
-
-/// The refusal of `store.kind = "foundationdb"` by a binary built without it.
-#[cfg(not(feature = "foundationdb"))]
-fn without_foundationdb() -> BackendError {
-    BackendError::Refused {
-        kind: "foundationdb",
-        detail: "this binary was built without FoundationDB support; rebuild with \
-                 `cargo build --release -p server --features foundationdb` (needs FoundationDB's client \
-                 library libfdb_c at link time and run time)"
-            .to_owned(),
-    }
+async fn foundationdb_store(
+    _config: &StoreConfig,
+    _policy: Policy,
+    _clock: &SharedClock,
+) -> Result<OpenedStore, BackendError> {
+    Err(not_built(StoreKind::Foundationdb))
 }

@@ -24,6 +24,7 @@ use store_core::waiting::{
     WAIT_POLL_INTERVAL_MS_DEFAULT, WAITERS_PER_INSTANCE_MAX_DEFAULT, WAITERS_PER_KEY_MAX_DEFAULT,
 };
 use store_core::{CallerId, PURGE_BATCH_MAX, Policy, WaitLimits};
+use store_postgres::SslMode;
 
 /// Prefix of the environment variables that override the file.
 pub const ENV_PREFIX: &str = "IDEM__";
@@ -33,7 +34,7 @@ pub const ENV_SEPARATOR: &str = "__";
 /// Default listen address: loopback only, so a first run exposes nothing.
 pub const LISTEN_DEFAULT: &str = "127.0.0.1:8080";
 /// Default data directory of the embedded store (ignored by git).
-pub const DATA_DIR_DEFAULT: &str = "./data";
+pub const DATA_DIR_DEFAULT: &str = store_fdb::DATA_DIR_DEFAULT;
 /// Largest request body the API reads, in bytes.
 pub const BODY_BYTES_MAX: usize = 64 * 1024;
 /// Default budget of one request, from its first byte to its answer.
@@ -255,23 +256,93 @@ pub struct PolicyConfig {
     pub tombstone_ms: u64,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+/// Where records live (`store.kind`): the one list of backends the
+/// server, its tests and the bench share (the bench's `--backend` and
+/// `--store-kind` parse it too). Opening one is `backend::open`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Deserialize, serde::Serialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
+#[value(rename_all = "lowercase")]
 pub enum StoreKind {
     Embedded,
-    Foundationdb,
     Redis,
     Postgres,
+    Foundationdb,
+    /// The reference store in memory (store-memory): volatile, for tests;
+    /// only with the `memory-store` feature, and never a bench backend.
+    #[value(skip)]
+    Memory,
 }
 
 impl StoreKind {
+    /// Every kind, whether or not this build has it ([`StoreKind::is_built`]).
+    pub const ALL: [StoreKind; 5] = [
+        StoreKind::Embedded,
+        StoreKind::Redis,
+        StoreKind::Postgres,
+        StoreKind::Foundationdb,
+        StoreKind::Memory,
+    ];
+
+    /// The durable kinds a test or the bench runs on this machine alone:
+    /// the embedded store, and Redis and PostgreSQL on servers their
+    /// testkits start. Not FoundationDB (it needs a cluster nobody here
+    /// starts, and the default build leaves it out), not memory (volatile).
+    pub const SELF_STARTED: [StoreKind; 3] = [StoreKind::Embedded, StoreKind::Redis, StoreKind::Postgres];
+
     pub fn name(self) -> &'static str {
         match self {
             StoreKind::Embedded => "embedded",
             StoreKind::Foundationdb => "foundationdb",
             StoreKind::Redis => "redis",
             StoreKind::Postgres => "postgres",
+            StoreKind::Memory => "memory",
         }
+    }
+
+    /// The server's cargo feature that builds this kind in, for the ones
+    /// a default build leaves out.
+    pub fn cargo_feature(self) -> Option<&'static str> {
+        match self {
+            StoreKind::Foundationdb => Some("foundationdb"),
+            StoreKind::Memory => Some("memory-store"),
+            StoreKind::Embedded | StoreKind::Redis | StoreKind::Postgres => None,
+        }
+    }
+
+    /// True when this build of the server can open the kind.
+    pub fn is_built(self) -> bool {
+        match self {
+            StoreKind::Foundationdb => cfg!(feature = "foundationdb"),
+            StoreKind::Memory => cfg!(feature = "memory-store"),
+            StoreKind::Embedded | StoreKind::Redis | StoreKind::Postgres => true,
+        }
+    }
+
+    /// True when the records' store can commit a label in the record's
+    /// own transaction; the others keep labels apart (embedded or
+    /// PostgreSQL, `store.labels`).
+    pub fn holds_labels(self) -> bool {
+        match self {
+            StoreKind::Embedded | StoreKind::Foundationdb | StoreKind::Postgres => true,
+            StoreKind::Redis | StoreKind::Memory => false,
+        }
+    }
+}
+
+impl std::str::FromStr for StoreKind {
+    type Err = String;
+
+    fn from_str(name: &str) -> Result<Self, Self::Err> {
+        StoreKind::ALL
+            .into_iter()
+            .find(|kind| kind.name() == name)
+            .ok_or_else(|| format!("unknown store kind {name:?}"))
+    }
+}
+
+impl std::fmt::Display for StoreKind {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.write_str(self.name())
     }
 }
 
@@ -300,99 +371,22 @@ impl LabelsKind {
     }
 }
 
+/// `[store]`: the kind, where labels go, and each backend's section,
+/// deserialised straight into the store crate's own config type (its
+/// `Deserialize` keeps this file's field names; the checks that name a
+/// field are [`Config::validate`]'s).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct StoreConfig {
     pub kind: StoreKind,
-    /// Where labels live; absent: with the records, or for Redis records,
-    /// in the embedded store (see [`StoreConfig::labels_kind`]).
+    /// Where labels live; absent: with the records, or for records that
+    /// cannot hold them, in the embedded store (see [`StoreConfig::labels_kind`]).
     pub labels: Option<LabelsKind>,
-    /// The embedded store: records with kind = "embedded", labels with kind = "redis".
-    pub embedded: EmbeddedStoreConfig,
-    pub redis: RedisStoreConfig,
-    pub postgres: PostgresStoreConfig,
-    pub foundationdb: FoundationDbStoreConfig,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum DurabilityConfig {
-    SyncData,
-    SyncAll,
-    Buffer,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct EmbeddedStoreConfig {
-    pub path: PathBuf,
-    pub durability: DurabilityConfig,
-    /// fjall's block cache, in bytes.
-    pub cache_bytes: u64,
-    /// The memtable a flush writes whole; up to two are in memory.
-    pub memtable_bytes: u64,
-    /// Journal bytes kept before the oldest memtables are forced to flush.
-    pub journal_bytes_max: u64,
-}
-
-/// `Debug` by hand: the URLs may carry passwords ([`redact_secrets`]).
-#[derive(Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct RedisStoreConfig {
-    pub urls: Vec<String>,
-    pub cluster: bool,
-    pub key_prefix: String,
-    pub response_timeout_ms: u64,
-    pub connection_timeout_ms: u64,
-    pub accept_eviction: bool,
-    /// For `rediss://` URLs: the CA that signed the servers' certificates
-    /// (empty: the operating system's trust store), and a client
-    /// certificate and key for servers that require one.
-    pub ca_file: String,
-    pub client_cert_file: String,
-    pub client_key_file: String,
-}
-
-/// `Debug` by hand: the URLs may carry passwords ([`redact_secrets`]).
-#[derive(Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct PostgresStoreConfig {
-    pub url: String,
-    pub pool_size: usize,
-    pub connect_timeout_ms: u64,
-    pub statement_timeout_ms: u64,
-    pub operation_timeout_ms: u64,
-    /// TLS: disable, require (chain checked against `ca_file`, not the host
-    /// name) or verify-full (chain and host name). Here, never in the URL.
-    pub sslmode: PostgresSslMode,
-    /// The CA that signed the server's certificate; required with TLS.
-    pub ca_file: String,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum PostgresSslMode {
-    Disable,
-    Require,
-    VerifyFull,
-}
-
-impl PostgresSslMode {
-    pub fn store_mode(self) -> store_postgres::SslMode {
-        match self {
-            PostgresSslMode::Disable => store_postgres::SslMode::Disable,
-            PostgresSslMode::Require => store_postgres::SslMode::Require,
-            PostgresSslMode::VerifyFull => store_postgres::SslMode::VerifyFull,
-        }
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct FoundationDbStoreConfig {
-    /// The cluster file; empty means the client's default.
-    pub cluster_file: String,
-    pub key_prefix: String,
+    /// The embedded store: records with kind = "embedded", labels with kind = "redis" or "memory".
+    pub embedded: store_fdb::EmbeddedConfig,
+    pub redis: store_redis::RedisConfig,
+    pub postgres: store_postgres::PostgresConfig,
+    pub foundationdb: store_fdb::FoundationDbConfig,
 }
 
 /// `Debug` by hand: the URL may carry a password ([`redact_secrets`]).
@@ -450,39 +444,6 @@ pub struct LogConfig {
     pub format: LogFormat,
     /// A tracing filter (`info`, `server=debug,info`); RUST_LOG wins when set.
     pub level: String,
-}
-
-impl std::fmt::Debug for RedisStoreConfig {
-    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let urls: Vec<String> = self.urls.iter().map(|url| redact_secrets(url)).collect();
-        formatter
-            .debug_struct("RedisStoreConfig")
-            .field("urls", &urls)
-            .field("cluster", &self.cluster)
-            .field("key_prefix", &self.key_prefix)
-            .field("response_timeout_ms", &self.response_timeout_ms)
-            .field("connection_timeout_ms", &self.connection_timeout_ms)
-            .field("accept_eviction", &self.accept_eviction)
-            .field("ca_file", &self.ca_file)
-            .field("client_cert_file", &self.client_cert_file)
-            .field("client_key_file", &self.client_key_file)
-            .finish()
-    }
-}
-
-impl std::fmt::Debug for PostgresStoreConfig {
-    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        formatter
-            .debug_struct("PostgresStoreConfig")
-            .field("url", &redact_secrets(&self.url))
-            .field("pool_size", &self.pool_size)
-            .field("connect_timeout_ms", &self.connect_timeout_ms)
-            .field("statement_timeout_ms", &self.statement_timeout_ms)
-            .field("operation_timeout_ms", &self.operation_timeout_ms)
-            .field("sslmode", &self.sslmode)
-            .field("ca_file", &self.ca_file)
-            .finish()
-    }
 }
 
 impl std::fmt::Debug for CarrierConfig {
@@ -580,11 +541,13 @@ impl Default for PolicyConfig {
 
 impl StoreConfig {
     /// Where labels live: as configured, else with the records, or for
-    /// Redis records (which cannot hold an effect) in the embedded store.
+    /// records that cannot hold an effect (Redis, memory) in the embedded
+    /// store.
     pub fn labels_kind(&self) -> LabelsKind {
-        self.labels.unwrap_or(match self.kind {
-            StoreKind::Redis => LabelsKind::Embedded,
-            _ => LabelsKind::WithRecords,
+        self.labels.unwrap_or(if self.kind.holds_labels() {
+            LabelsKind::WithRecords
+        } else {
+            LabelsKind::Embedded
         })
     }
 }
@@ -594,73 +557,10 @@ impl Default for StoreConfig {
         Self {
             kind: StoreKind::Embedded,
             labels: None,
-            embedded: EmbeddedStoreConfig::default(),
-            redis: RedisStoreConfig::default(),
-            postgres: PostgresStoreConfig::default(),
-            foundationdb: FoundationDbStoreConfig::default(),
-        }
-    }
-}
-
-impl EmbeddedStoreConfig {
-    pub fn sizes(&self) -> store_fdb::EmbeddedSizes {
-        store_fdb::EmbeddedSizes {
-            cache_bytes: self.cache_bytes,
-            memtable_bytes: self.memtable_bytes,
-            journal_bytes_max: self.journal_bytes_max,
-        }
-    }
-}
-
-impl Default for EmbeddedStoreConfig {
-    fn default() -> Self {
-        let sizes = store_fdb::EmbeddedSizes::default();
-        Self {
-            path: PathBuf::from(DATA_DIR_DEFAULT),
-            durability: DurabilityConfig::SyncData,
-            cache_bytes: sizes.cache_bytes,
-            memtable_bytes: sizes.memtable_bytes,
-            journal_bytes_max: sizes.journal_bytes_max,
-        }
-    }
-}
-
-impl Default for RedisStoreConfig {
-    fn default() -> Self {
-        let defaults = store_redis::RedisConfig::standalone("");
-        Self {
-            urls: Vec::new(),
-            cluster: false,
-            key_prefix: defaults.key_prefix,
-            response_timeout_ms: defaults.response_timeout_ms,
-            connection_timeout_ms: defaults.connection_timeout_ms,
-            accept_eviction: false,
-            ca_file: String::new(),
-            client_cert_file: String::new(),
-            client_key_file: String::new(),
-        }
-    }
-}
-
-impl Default for PostgresStoreConfig {
-    fn default() -> Self {
-        Self {
-            url: String::new(),
-            pool_size: store_postgres::POOL_SIZE_DEFAULT,
-            connect_timeout_ms: store_postgres::CONNECT_TIMEOUT_MS_DEFAULT,
-            statement_timeout_ms: store_postgres::STATEMENT_TIMEOUT_MS_DEFAULT,
-            operation_timeout_ms: store_postgres::OPERATION_TIMEOUT_MS_DEFAULT,
-            sslmode: PostgresSslMode::Disable,
-            ca_file: String::new(),
-        }
-    }
-}
-
-impl Default for FoundationDbStoreConfig {
-    fn default() -> Self {
-        Self {
-            cluster_file: String::new(),
-            key_prefix: "idem".to_owned(),
+            embedded: store_fdb::EmbeddedConfig::default(),
+            redis: store_redis::RedisConfig::default(),
+            postgres: store_postgres::PostgresConfig::default(),
+            foundationdb: store_fdb::FoundationDbConfig::default(),
         }
     }
 }
@@ -1036,7 +936,7 @@ impl Config {
         if uses_embedded && store.embedded.path.as_os_str().is_empty() {
             return Err(field_error("store.embedded.path", "must name a directory"));
         }
-        if let Some((name, min, max)) = store.embedded.sizes().out_of_range() {
+        if let Some((name, min, max)) = store.embedded.sizes.out_of_range() {
             let field = match name {
                 "cache_bytes" => "store.embedded.cache_bytes",
                 "memtable_bytes" => "store.embedded.memtable_bytes",
@@ -1080,14 +980,15 @@ impl Config {
                 "mix redis:// and rediss://: every node speaks TLS or none does",
             ));
         }
-        let files = [&redis.ca_file, &redis.client_cert_file, &redis.client_key_file];
-        if tls_urls == 0 && files.iter().any(|file| !file.is_empty()) {
+        let tls = &redis.tls;
+        let files = [&tls.ca_file, &tls.client_cert_file, &tls.client_key_file];
+        if tls_urls == 0 && files.iter().any(|file| file.is_some()) {
             return Err(field_error(
                 "store.redis.ca_file",
                 "TLS files are set but store.redis.urls are redis://; use rediss:// for TLS",
             ));
         }
-        if redis.client_cert_file.is_empty() != redis.client_key_file.is_empty() {
+        if tls.client_cert_file.is_none() != tls.client_key_file.is_none() {
             return Err(field_error(
                 "store.redis.client_key_file",
                 "store.redis.client_cert_file and client_key_file go together: set both or neither",
@@ -1105,12 +1006,12 @@ impl Config {
                 "carries sslmode; set store.postgres.sslmode instead (disable, require or verify-full)",
             ));
         }
-        match (postgres.sslmode, postgres.ca_file.is_empty()) {
-            (PostgresSslMode::Disable, false) => Err(field_error(
+        match (postgres.ssl_mode, postgres.ca_file.is_none()) {
+            (SslMode::Disable, false) => Err(field_error(
                 "store.postgres.ca_file",
                 "is set but store.postgres.sslmode is disable: set sslmode require or verify-full",
             )),
-            (PostgresSslMode::Require | PostgresSslMode::VerifyFull, true) => Err(field_error(
+            (SslMode::Require | SslMode::VerifyFull, true) => Err(field_error(
                 "store.postgres.ca_file",
                 "store.postgres.sslmode require and verify-full need the CA that signed the server's certificate",
             )),
@@ -1120,12 +1021,13 @@ impl Config {
 }
 
 /// The combinations a team would run: labels with the records wherever the
-/// records' store can hold them in one transaction; beside Redis records
-/// (which cannot), in the embedded store or in PostgreSQL.
+/// records' store can hold them in one transaction; beside records that
+/// cannot (Redis, memory), in the embedded store or in PostgreSQL.
 fn labels_combination_ok(kind: StoreKind, labels: LabelsKind) -> bool {
-    match kind {
-        StoreKind::Redis => matches!(labels, LabelsKind::Embedded | LabelsKind::Postgres),
-        StoreKind::Embedded | StoreKind::Foundationdb | StoreKind::Postgres => labels == LabelsKind::WithRecords,
+    if kind.holds_labels() {
+        labels == LabelsKind::WithRecords
+    } else {
+        matches!(labels, LabelsKind::Embedded | LabelsKind::Postgres)
     }
 }
 
@@ -1135,7 +1037,7 @@ impl Config {
         if !labels_combination_ok(kind, labels) {
             let detail = format!(
                 "labels = \"{}\" cannot go with store.kind = \"{}\": with embedded, foundationdb or postgres \
-                 records labels go with_records; with redis records, in embedded or postgres",
+                 records labels go with_records; with redis or memory records, in embedded or postgres",
                 labels.name(),
                 kind.name()
             );
@@ -1386,6 +1288,70 @@ mod tests {
         );
     }
 
+    /// The backends' sections are their store crates' own config types;
+    /// a misspelt field is refused there too, the flattened ones (the
+    /// embedded sizes, the Redis TLS files) included, and the fields only
+    /// code sets (faults, WAIT, the pool wait) are not in the file.
+    #[test]
+    fn backend_sections_refuse_unknown_fields() {
+        for (variable, field) in [
+            ("IDEM__STORE__EMBEDDED__CACHE_BYTE", "cache_byte"),
+            ("IDEM__STORE__EMBEDDED__FAULTS", "faults"),
+            ("IDEM__STORE__REDIS__CA_FIL", "ca_fil"),
+            ("IDEM__STORE__REDIS__WAIT", "wait"),
+            ("IDEM__STORE__POSTGRES__POOL_WAIT_TIMEOUT_MS", "pool_wait_timeout_ms"),
+            ("IDEM__STORE__FOUNDATIONDB__PREFIX", "prefix"),
+        ] {
+            let message = refusal(&[(variable, "1")]);
+            assert!(message.contains(field), "{variable}: {message}");
+        }
+        let config = Config::load(
+            None,
+            env(&[
+                ("IDEM__STORE__EMBEDDED__CACHE_BYTES", "2097152"),
+                ("IDEM__STORE__EMBEDDED__DURABILITY", "sync_all"),
+                ("IDEM__STORE__REDIS__CA_FILE", r#""""#),
+                ("IDEM__STORE__FOUNDATIONDB__KEY_PREFIX", "app"),
+                ("IDEM__STORE__FOUNDATIONDB__CLUSTER_FILE", r#""""#),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(config.store.embedded.sizes.cache_bytes, 2_097_152);
+        assert_eq!(config.store.embedded.durability, store_fdb::Durability::SyncAll);
+        assert_eq!(config.store.redis.tls.ca_file, None, "an empty file name is unset");
+        assert_eq!(
+            config.store.foundationdb.prefix,
+            store_fdb::KeyPrefix::Bytes(b"app".to_vec())
+        );
+        assert_eq!(config.store.foundationdb.cluster_file, None);
+    }
+
+    #[test]
+    fn every_store_kind_is_named_once() {
+        for kind in StoreKind::ALL {
+            assert_eq!(kind.name().parse::<StoreKind>(), Ok(kind));
+            let config = Config::load(None, env(&[("IDEM__STORE__KIND", kind.name())]));
+            // Every name is a config value; some kinds need more settings.
+            if let Err(error) = config {
+                assert!(!error.to_string().contains("unknown variant"), "{kind}: {error}");
+            }
+        }
+        assert!(
+            StoreKind::SELF_STARTED
+                .iter()
+                .all(|kind| kind.cargo_feature().is_none())
+        );
+    }
+
+    #[test]
+    fn memory_records_keep_labels_apart_like_redis() {
+        let memory = ("IDEM__STORE__KIND", "memory");
+        let config = Config::load(None, env(&[memory])).unwrap();
+        assert_eq!(config.store.labels_kind(), LabelsKind::Embedded);
+        let with_records = refusal(&[memory, ("IDEM__STORE__LABELS", "with_records")]);
+        assert!(with_records.contains("store.labels"), "{with_records}");
+    }
+
     #[test]
     fn labels_go_only_where_a_team_would_put_them() {
         let redis = ("IDEM__STORE__REDIS__URLS", r#"["redis://127.0.0.1:6379"]"#);
@@ -1488,7 +1454,7 @@ mod tests {
         assert!(refusal(&[postgres, url, pg_ca]).contains("store.postgres.ca_file"));
         assert!(refusal(&[postgres, url, ("IDEM__STORE__POSTGRES__SSLMODE", "verify-ca")]).contains("verify-ca"));
         let config = Config::load(None, env(&[postgres, url, verify_full, pg_ca])).unwrap();
-        assert_eq!(config.store.postgres.sslmode, PostgresSslMode::VerifyFull);
+        assert_eq!(config.store.postgres.ssl_mode, SslMode::VerifyFull);
         // Carrier: https:// is allowed, its CA file only with https://.
         let https = ("IDEM__CARRIER__URL", "https://carrier.example");
         let carrier_ca = ("IDEM__CARRIER__CA_FILE", "/etc/idem/carrier-ca.pem");

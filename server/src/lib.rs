@@ -37,7 +37,8 @@ pub mod metrics;
 pub mod observe;
 pub mod openapi;
 pub mod probes;
-pub mod redact;
+/// One redaction of secrets for the server's messages and every backend's `Debug` form (store-core's).
+pub use store_core::redact;
 pub mod request_context;
 pub mod sweeper;
 pub mod time;

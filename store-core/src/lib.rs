@@ -10,9 +10,11 @@
 pub mod atomic;
 pub mod clock;
 pub mod codec;
+pub mod config_fields;
 pub mod fingerprint;
 pub mod machine;
 pub mod outcome;
+pub mod redact;
 pub mod store;
 pub mod types;
 pub mod waiting;

@@ -34,6 +34,7 @@ use crate::engine::{
     Engine, EngineError, EngineErrorKind, KEY_BYTES_MAX, KeyValue, MaybeCommitted, RunOptions, TRANSACTION_BYTES_MAX,
     Transaction, TxError, VALUE_BYTES_MAX,
 };
+use crate::foundationdb_config::{FoundationDbConfig, KeyPrefix};
 use crate::store::FdbStore;
 use ::foundationdb::api::{FdbApiBuilder, NetworkAutoStop};
 use ::foundationdb::directory::{Directory, DirectoryError, DirectoryLayer};
@@ -611,16 +612,6 @@ impl FoundationDbEngine {
     }
 }
 
-/// Where a store's keys live on the cluster.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum KeyPrefix {
-    /// Fixed bytes, e.g. [`crate::KEY_PREFIX_DEFAULT`].
-    Bytes(Vec<u8>),
-    /// A directory-layer path, e.g. `["idem", "labels"]`: the directory
-    /// layer allocates a short prefix and keeps the name-to-prefix map.
-    Directory(Vec<String>),
-}
-
 fn check_fixed_prefix(prefix: &[u8]) -> Result<(), StoreError> {
     let reserved = [SYSTEM_KEY_PREFIX_BYTE, DIRECTORY_METADATA_PREFIX_BYTE];
     match prefix.first() {
@@ -663,25 +654,6 @@ fn directory_error(tx: &FoundationDbTx, error: DirectoryError) -> TxError {
 
 /// The FDB-style store on a FoundationDB cluster.
 pub type FoundationDbStore = FdbStore<FoundationDbEngine>;
-
-/// How to reach the cluster and where the store's keys live.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FoundationDbConfig {
-    /// `None`: FoundationDB's default cluster file.
-    pub cluster_file: Option<String>,
-    pub prefix: KeyPrefix,
-    pub run_options: RunOptions,
-}
-
-impl Default for FoundationDbConfig {
-    fn default() -> Self {
-        Self {
-            cluster_file: None,
-            prefix: KeyPrefix::Bytes(crate::KEY_PREFIX_DEFAULT.to_vec()),
-            run_options: RunOptions::default(),
-        }
-    }
-}
 
 impl FoundationDbStore {
     /// Opens the store on a cluster, resolving a directory prefix once.

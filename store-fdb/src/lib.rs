@@ -13,6 +13,7 @@ pub mod embedded;
 pub mod engine;
 #[cfg(feature = "foundationdb")]
 pub mod foundationdb;
+pub mod foundationdb_config;
 #[cfg(feature = "foundationdb")]
 pub mod foundationdb_watches;
 pub mod keys;
@@ -21,15 +22,14 @@ pub mod store;
 pub mod testkit;
 
 #[cfg(feature = "foundationdb")]
-pub use self::foundationdb::{
-    FoundationDbConfig, FoundationDbEngine, FoundationDbNetwork, FoundationDbStore, KeyPrefix,
-};
+pub use self::foundationdb::{FoundationDbEngine, FoundationDbNetwork, FoundationDbStore};
+pub use self::foundationdb_config::{FoundationDbConfig, KeyPrefix};
 /// FoundationDB's network options, for [`FoundationDbNetwork::start_with_options`].
 #[cfg(feature = "foundationdb")]
 pub use ::foundationdb::options::NetworkOption;
 pub use embedded::{
-    CACHE_BYTES_DEFAULT, CACHE_BYTES_MIN, Durability, EMBEDDED_SIZE_BYTES_LIMIT, EmbeddedConfig, EmbeddedEngine,
-    EmbeddedSizes, FaultPlan, JOURNAL_BYTES_MAX_DEFAULT, JOURNAL_BYTES_MAX_MIN, MEMTABLE_BYTES_DEFAULT,
+    CACHE_BYTES_DEFAULT, CACHE_BYTES_MIN, DATA_DIR_DEFAULT, Durability, EMBEDDED_SIZE_BYTES_LIMIT, EmbeddedConfig,
+    EmbeddedEngine, EmbeddedSizes, FaultPlan, JOURNAL_BYTES_MAX_DEFAULT, JOURNAL_BYTES_MAX_MIN, MEMTABLE_BYTES_DEFAULT,
     MEMTABLE_BYTES_MIN,
 };
 pub use engine::{Engine, EngineError, EngineErrorKind, MaybeCommitted, RunOptions, Transaction, TxError};

@@ -2,9 +2,11 @@
 
 use crate::tls::{TlsError, tls_connector};
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use serde::Deserialize;
 use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
+use store_core::config_fields::empty_as_none;
 use tokio_postgres::NoTls;
 
 /// How a connection outside the pool (the change listener) connects: as
@@ -37,7 +39,8 @@ pub const TIMEOUT_MS_MAX: u64 = 10 * 60 * 1000;
 /// Whether the connection is TLS and what it checks. libpq's names; set in
 /// [`PostgresConfig::ssl_mode`], never in the URL (a URL that carries
 /// `sslmode` is refused, so there is one place that says it).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum SslMode {
     /// Plain TCP (a database on loopback or a private network).
     #[default]
@@ -63,21 +66,37 @@ impl SslMode {
     }
 }
 
-/// Where the database is and how long to wait for it.
-#[derive(Clone, PartialEq, Eq)]
+/// Where the database is and how long to wait for it. The server reads it
+/// from its config's `[store.postgres]` section (`sslmode` there, `ca_file`
+/// empty meaning unset); the pool-wait and idle-in-transaction timeouts
+/// keep their defaults there (code may set them).
+#[derive(Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
 pub struct PostgresConfig {
     /// A libpq-style URL or key=value string, e.g.
     /// `postgres://idem@127.0.0.1:5432/idem`.
     pub url: String,
     pub pool_size: usize,
     pub connect_timeout_ms: u64,
+    #[serde(skip)]
     pub pool_wait_timeout_ms: u64,
     pub statement_timeout_ms: u64,
+    #[serde(skip)]
     pub idle_in_transaction_timeout_ms: u64,
     pub operation_timeout_ms: u64,
+    #[serde(rename = "sslmode")]
     pub ssl_mode: SslMode,
     /// The PEM CA that signed the server's certificate; required with TLS.
+    #[serde(deserialize_with = "empty_as_none")]
     pub ca_file: Option<PathBuf>,
+}
+
+/// No URL (the server's config refuses `store.kind = "postgres"` without
+/// one), every other setting at its named default.
+impl Default for PostgresConfig {
+    fn default() -> Self {
+        Self::new(String::new())
+    }
 }
 
 /// Why a [`PostgresConfig`] was refused.

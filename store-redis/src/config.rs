@@ -4,8 +4,11 @@
 //! before a connection is made, so a bad setting is refused at startup with a
 //! message that names it.
 
+use serde::Deserialize;
 use std::path::PathBuf;
 use std::time::Duration;
+use store_core::config_fields::empty_as_none;
+use store_core::redact::redact_secrets;
 
 /// Default time the client waits for one reply before reporting the store
 /// unavailable. redis-rs 1.x would use 500 ms; this is set explicitly so that
@@ -80,14 +83,19 @@ pub const TLS_SCHEME: &str = "rediss://";
 
 /// Certificates for `rediss://` URLs, as PEM files. Read and parsed when
 /// the store connects, so a missing or malformed file is a startup error.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// In a config file they sit beside the URLs, empty meaning unset.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(default)]
 pub struct RedisTls {
     /// The CA that signed the servers' certificates. `None`: the operating
     /// system's trust store (rustls-native-certs).
+    #[serde(deserialize_with = "empty_as_none")]
     pub ca_file: Option<PathBuf>,
     /// A client certificate for servers that ask for one
     /// (`tls-auth-clients yes`), with its private key.
+    #[serde(deserialize_with = "empty_as_none")]
     pub client_cert_file: Option<PathBuf>,
+    #[serde(deserialize_with = "empty_as_none")]
     pub client_key_file: Option<PathBuf>,
 }
 
@@ -98,12 +106,19 @@ impl RedisTls {
 }
 
 /// Everything the Redis backend needs besides the [`store_core::Policy`].
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// The server reads it from its config's `[store.redis]` section (the TLS
+/// files flat beside the URLs; `wait` is for code only). `Debug` by hand:
+/// the URLs may carry passwords.
+#[derive(Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
 pub struct RedisConfig {
     /// `redis://host:port` addresses (`rediss://` for TLS). One for a
     /// standalone server; for a cluster, any nodes to learn the topology from.
     pub urls: Vec<String>,
-    /// Certificates for `rediss://` URLs.
+    /// Certificates for `rediss://` URLs. serde's `flatten` with
+    /// `deny_unknown_fields` works for one flattened struct of plain
+    /// fields, as here.
+    #[serde(flatten)]
     pub tls: RedisTls,
     /// Talk the Redis Cluster protocol.
     pub cluster: bool,
@@ -114,10 +129,39 @@ pub struct RedisConfig {
     /// How long to wait for one connection to open.
     pub connection_timeout_ms: u64,
     /// Optional `WAIT` after each successful write.
+    #[serde(skip)]
     pub wait: Option<WaitConfig>,
     /// Run on a server whose `maxmemory-policy` may evict keys. Evicted
     /// records are forgotten keys and so duplicate effects: off by default.
     pub accept_eviction: bool,
+}
+
+/// No URL (the server's config refuses `store.kind = "redis"` without
+/// one), every other setting at its default.
+impl Default for RedisConfig {
+    fn default() -> Self {
+        Self {
+            urls: Vec::new(),
+            ..Self::standalone(String::new())
+        }
+    }
+}
+
+impl std::fmt::Debug for RedisConfig {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let urls: Vec<String> = self.urls.iter().map(|url| redact_secrets(url)).collect();
+        formatter
+            .debug_struct("RedisConfig")
+            .field("urls", &urls)
+            .field("tls", &self.tls)
+            .field("cluster", &self.cluster)
+            .field("key_prefix", &self.key_prefix)
+            .field("response_timeout_ms", &self.response_timeout_ms)
+            .field("connection_timeout_ms", &self.connection_timeout_ms)
+            .field("wait", &self.wait)
+            .field("accept_eviction", &self.accept_eviction)
+            .finish()
+    }
 }
 
 impl RedisConfig {

@@ -1,5 +1,8 @@
-//! What idem's test harnesses and the bench share: free loopback ports, and
-//! (feature `tls`) test certificates ([`tls::TestCertificates`]).
+//! What idem's test harnesses and the bench share: free loopback ports,
+//! (feature `tls`) test certificates ([`tls::TestCertificates`]), and
+//! (feature `harness`) server binaries as child processes ([`process`]),
+//! an HTTP client and its replies ([`http`]), and the test callers and
+//! label bodies ([`callers`]).
 //!
 //! A server a test starts (redis-server, PostgreSQL, fdbserver, the Label
 //! service as a child process) is told its port before it binds it. The
@@ -11,6 +14,12 @@
 
 use std::net::TcpListener;
 
+#[cfg(feature = "harness")]
+pub mod callers;
+#[cfg(feature = "harness")]
+pub mod http;
+#[cfg(feature = "harness")]
+pub mod process;
 #[cfg(feature = "tls")]
 pub mod tls;
 

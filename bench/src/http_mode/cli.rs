@@ -1,8 +1,8 @@
 //! The command line of http mode.
 
 use crate::cli::{BackendArgs, LoadArgs, OutputArgs};
-use crate::store_mode::Backend;
 use clap::{Args, ValueEnum};
+use server::config::StoreKind;
 use std::path::PathBuf;
 
 /// The Fulfilment service's deadline per call (250 ms: docs/design.md#client-deadline).
@@ -154,8 +154,8 @@ pub struct HttpArgs {
     #[arg(long)]
     pub redis_cluster: bool,
     /// store.kind of a spawned server.
-    #[arg(long, value_enum, default_value_t = Backend::Embedded)]
-    pub store_kind: Backend,
+    #[arg(long, value_enum, default_value_t = StoreKind::Embedded)]
+    pub store_kind: StoreKind,
     /// The server binary to spawn (default: $IDEM_SERVER_BIN, then `server` beside this binary).
     #[arg(long)]
     pub server_bin: Option<PathBuf>,

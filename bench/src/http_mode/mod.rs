@@ -14,12 +14,12 @@ use crate::engine::{LoadPlan, PlanError, run_open_loop};
 use crate::intent::RunIds;
 use crate::ramp::{RampReport, RampSettings, run_ramp};
 use crate::report::{RunSummary, Table};
-use crate::store_mode::Backend;
 use audit::{AnswerCounts, AuditInput, AuditReport, audit};
 use cli::{FulfilmentArgs, HttpArgs, KeyMode, Profile};
 use client::{ClientError, ClientSettings, FulfilmentClient, PreferWaitReport, answered_409};
 use overload::{OverloadReport, run_overload};
 use serde::{Deserialize, Serialize};
+use server::config::StoreKind;
 use spawn::{SpawnError, SpawnSettings, SpawnedServer};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -101,7 +101,7 @@ impl HttpRun {
         }
     }
 
-    pub fn for_compare(args: &CompareArgs, store_kind: Backend, seed: u64) -> Self {
+    pub fn for_compare(args: &CompareArgs, store_kind: StoreKind, seed: u64) -> Self {
         Self {
             target: ServerTarget::Spawn(SpawnSettings {
                 store_kind,

@@ -3,24 +3,18 @@
 //! backend's own server when the store kind needs one, and a kill on drop.
 
 use crate::cli::{BackendArgs, DurabilityArg};
-use crate::store_mode::{Backend, KeepAlive};
+use crate::store_mode::KeepAlive;
+use server::config::StoreKind;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use test_support::process::{OnDrop, ProcessError, ProcessSpec, Readiness, ServerProcess};
 
 /// The server binary's name (server).
 pub const SERVER_BINARY: &str = "server";
 /// Environment variable naming the server binary, for tests and CI.
 pub const SERVER_BINARY_VARIABLE: &str = "IDEM_SERVER_BIN";
-/// Longest wait for a spawned server to answer `/readyz`.
-pub const READY_MS_MAX: u64 = 30_000;
-/// Pause between readiness probes.
-const PROBE_MS: u64 = 50;
-/// Time a spawned server gets to stop after SIGTERM before it is killed.
-const STOP_MS_MAX: u64 = 5_000;
 /// Bytes of the server's log shown when it fails.
-const LOG_TAIL_BYTES_MAX: usize = 4_000;
+const LOG_TAIL_BYTES_MAX: usize = test_support::process::LOG_TAIL_BYTES_MAX;
 #[derive(Debug, thiserror::Error)]
 pub enum SpawnError {
     #[error(
@@ -29,12 +23,9 @@ pub enum SpawnError {
     BinaryMissing(String),
     #[error("{0}")]
     Backend(String),
-    #[error("could not start {program}: {source}")]
-    Start { program: String, source: std::io::Error },
-    #[error("the server did not become ready within {READY_MS_MAX} ms; end of its log:\n{log}")]
-    NotReady { log: String },
-    #[error("the server exited while starting ({status}); end of its log:\n{log}")]
-    Exited { status: String, log: String },
+    /// It did not start, or not ready (test-support's process harness).
+    #[error("the server: {0}")]
+    Process(#[from] ProcessError),
     #[error("spawn I/O: {0}")]
     Io(#[from] std::io::Error),
 }
@@ -42,7 +33,7 @@ pub enum SpawnError {
 /// What a spawned server is configured with.
 #[derive(Debug, Clone)]
 pub struct SpawnSettings {
-    pub store_kind: Backend,
+    pub store_kind: StoreKind,
     pub server_bin: Option<PathBuf>,
     pub backend: BackendArgs,
     pub carrier: CarrierSettings,
@@ -77,70 +68,19 @@ pub struct CarrierSettings {
     pub latency_ms_max: u64,
 }
 
-/// One child process, stopped when dropped (SIGTERM, then SIGKILL).
-struct Process {
-    child: Option<Child>,
-    log_path: PathBuf,
-}
-
-impl Process {
-    fn start(binary: &Path, arguments: &[&str], log_path: PathBuf) -> Result<Self, SpawnError> {
-        let log = std::fs::File::create(&log_path)?;
-        let child = Command::new(binary)
-            .args(arguments)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .spawn()
-            .map_err(|source| SpawnError::Start {
-                program: binary.display().to_string(),
-                source,
-            })?;
-        Ok(Self {
-            child: Some(child),
-            log_path,
-        })
-    }
-
-    fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(Child::id)
-    }
-
-    fn log_tail(&self) -> String {
-        let text = std::fs::read_to_string(&self.log_path).unwrap_or_default();
-        let start = text.len().saturating_sub(LOG_TAIL_BYTES_MAX);
-        text.get(start..).unwrap_or(&text).to_owned()
-    }
-
-    /// The exit status, if the process has ended.
-    fn exited(&mut self) -> Result<Option<String>, SpawnError> {
-        let Some(child) = self.child.as_mut() else {
-            return Ok(Some("not running".into()));
-        };
-        Ok(child.try_wait()?.map(|status| status.to_string()))
-    }
-
-    fn stop(&mut self) {
-        let Some(mut child) = self.child.take() else {
-            return;
-        };
-        let _ = Command::new("kill").arg("-TERM").arg(child.id().to_string()).status();
-        let deadline = Instant::now() + Duration::from_millis(STOP_MS_MAX);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(PROBE_MS));
-        }
-        let _ = child.kill();
-        let _ = child.wait();
-    }
-}
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        self.stop();
-    }
+/// Starts `binary ARGS` in `dir` (test-support's process harness, as the
+/// server's tests start it), ready once `ready_url` answers, stopped with
+/// SIGTERM (then SIGKILL) when dropped.
+async fn start_process(
+    binary: &Path,
+    arguments: &[&str],
+    dir: &Path,
+    ready_url: &str,
+) -> Result<ServerProcess, SpawnError> {
+    let mut spec = ProcessSpec::new(binary, arguments, dir);
+    spec.readiness = Readiness::Probe(ready_url.to_owned());
+    spec.on_drop = OnDrop::Terminate;
+    Ok(ServerProcess::start(spec).await?)
 }
 
 /// A running Label service and its carrier simulator, each a process of
@@ -148,8 +88,8 @@ impl Drop for Process {
 pub struct SpawnedServer {
     // Field order is drop order: the services stop before their carrier and
     // their store's server.
-    services: Vec<Process>,
-    carrier: Process,
+    services: Vec<ServerProcess>,
+    carrier: ServerProcess,
     /// One per instance.
     pub base_urls: Vec<String>,
     pub carrier_url: String,
@@ -161,12 +101,12 @@ pub struct SpawnedServer {
 impl SpawnedServer {
     /// The (first) Label service's process id.
     pub fn pid(&self) -> Option<u32> {
-        self.services.first().and_then(Process::pid)
+        self.services.first().and_then(ServerProcess::pid)
     }
 
     /// Every instance's process id.
     pub fn pids(&self) -> Vec<u32> {
-        self.services.iter().filter_map(Process::pid).collect()
+        self.services.iter().filter_map(ServerProcess::pid).collect()
     }
 
     pub fn carrier_pid(&self) -> Option<u32> {
@@ -176,7 +116,7 @@ impl SpawnedServer {
     pub fn log_tail(&self) -> String {
         self.services
             .iter()
-            .map(Process::log_tail)
+            .map(|service| service.log_tail(LOG_TAIL_BYTES_MAX))
             .collect::<Vec<_>>()
             .join("\n")
     }
@@ -229,12 +169,13 @@ pub async fn spawn(settings: &SpawnSettings) -> Result<SpawnedServer, SpawnError
     std::fs::write(&carrier_config, simulator_config(settings))?;
     let listen = format!("127.0.0.1:{carrier_port}");
     let config_arg = carrier_config.display().to_string();
-    let mut carrier = Process::start(
+    let carrier = start_process(
         &binary,
         &["--config", &config_arg, "carrier", "--listen", &listen],
-        dir.path().join("carrier.log"),
-    )?;
-    wait_until_ready(&mut carrier, &format!("{carrier_url}{}", super::carrier::STATS_PATH)).await?;
+        dir.path(),
+        &format!("{carrier_url}{}", super::carrier::STATS_PATH),
+    )
+    .await?;
     let instances = settings.fleet.instances.clamp(1, super::cli::INSTANCES_MAX);
     let (mut services, mut base_urls) = (Vec::new(), Vec::new());
     for number in 0..instances {
@@ -242,16 +183,15 @@ pub async fn spawn(settings: &SpawnSettings) -> Result<SpawnedServer, SpawnError
         let config_path = dir.path().join(format!("server-{number}.toml"));
         std::fs::write(&config_path, server_config(port, &store_section, &carrier_url))?;
         let config_arg = config_path.display().to_string();
-        let log = dir.path().join(format!("server-{number}.log"));
-        let mut service = Process::start(&binary, &["--config", &config_arg], log)?;
         let base_url = format!("http://127.0.0.1:{port}");
-        wait_until_ready(&mut service, &format!("{base_url}/readyz")).await?;
+        let ready_url = format!("{base_url}/readyz");
+        let service = start_process(&binary, &["--config", &config_arg], dir.path(), &ready_url).await?;
         services.push(service);
         base_urls.push(base_url);
     }
     let pids: Vec<String> = services
         .iter()
-        .filter_map(Process::pid)
+        .filter_map(ServerProcess::pid)
         .map(|pid| pid.to_string())
         .collect();
     notes.push(format!(
@@ -272,27 +212,6 @@ pub async fn spawn(settings: &SpawnSettings) -> Result<SpawnedServer, SpawnError
         notes,
         _backend: backend,
         _dir: dir,
-    })
-}
-
-async fn wait_until_ready(process: &mut Process, url: &str) -> Result<(), SpawnError> {
-    let client = reqwest::Client::new();
-    let deadline = Instant::now() + Duration::from_millis(READY_MS_MAX);
-    while Instant::now() < deadline {
-        if let Some(status) = process.exited()? {
-            return Err(SpawnError::Exited {
-                status,
-                log: process.log_tail(),
-            });
-        }
-        let probe = client.get(url).timeout(Duration::from_millis(500)).send().await;
-        if probe.is_ok_and(|response| response.status().is_success()) {
-            return Ok(());
-        }
-        tokio::time::sleep(Duration::from_millis(PROBE_MS)).await;
-    }
-    Err(SpawnError::NotReady {
-        log: process.log_tail(),
     })
 }
 
@@ -346,13 +265,17 @@ async fn store_config(
     );
     let fleet = settings.fleet;
     let (mut kind_section, mut guards, mut notes) = match settings.store_kind {
-        Backend::Embedded => (String::new(), Vec::new(), Vec::new()),
-        Backend::Redis => redis_config(&settings.backend, fleet.redis_cluster).await?,
-        Backend::Postgres => postgres_config(&settings.backend).await?,
-        Backend::Foundationdb => foundationdb_config(&settings.backend)?,
+        StoreKind::Embedded => (String::new(), Vec::new(), Vec::new()),
+        StoreKind::Redis => redis_config(&settings.backend, fleet.redis_cluster).await?,
+        StoreKind::Postgres => postgres_config(&settings.backend).await?,
+        StoreKind::Foundationdb => foundationdb_config(&settings.backend)?,
+        other => {
+            let detail = format!("{other} is not a benchmarked backend");
+            return Err(SpawnError::Backend(detail));
+        }
     };
     let mut labels = String::new();
-    if settings.store_kind == Backend::Redis && fleet.labels_in_postgres {
+    if settings.store_kind == StoreKind::Redis && fleet.labels_in_postgres {
         let (postgres_section, postgres_guards, postgres_notes) = postgres_config(&settings.backend).await?;
         kind_section.push_str(&postgres_section);
         guards.extend(postgres_guards);

@@ -5,10 +5,12 @@ use super::{Baseline, IntentInputs, StoreTarget, TargetError, claim_not_acquired
 use crate::engine::Workload;
 use crate::recorder::Outcome;
 use futures::future::BoxFuture;
+use server::backend::OpenedStore;
+use server::config::{StoreConfig, StoreKind};
 use std::path::PathBuf;
 use std::sync::Arc;
 use store_core::{AtomicCompletion, ClaimOutcome, CompleteWithError, Completion, IdempotencyStore, Policy};
-use store_fdb::{Durability, EmbeddedConfig, EmbeddedStore, Engine, FdbStore, MaybeCommitted, RunOptions, Transaction};
+use store_fdb::{Durability, EmbeddedConfig, Engine, FdbStore, MaybeCommitted, RunOptions, Transaction};
 
 /// Bytes of the value each raw baseline transaction sets: a small row.
 pub const RAW_VALUE_BYTES: usize = 100;
@@ -31,15 +33,20 @@ pub fn durability_name(durability: Durability) -> &'static str {
     }
 }
 
-pub fn open(options: &EmbeddedOptions, policy: Policy) -> Result<StoreTarget, TargetError> {
+pub async fn open(options: &EmbeddedOptions, policy: Policy) -> Result<StoreTarget, TargetError> {
     let mut config = match &options.dir {
         Some(dir) => EmbeddedConfig::new(dir),
         None => EmbeddedConfig::temporary(),
     };
     config.durability = options.durability;
-    let store =
-        EmbeddedStore::open_embedded(&config, policy).map_err(|error| TargetError::unavailable("embedded", error))?;
-    let store = Arc::new(store);
+    let store_config = StoreConfig {
+        kind: StoreKind::Embedded,
+        embedded: config.clone(),
+        ..StoreConfig::default()
+    };
+    let OpenedStore::Embedded(store) = super::open_store(&store_config, policy).await? else {
+        return Err(super::other_kind(StoreKind::Embedded));
+    };
     let intents = Arc::new(FdbIntents {
         store: store.clone(),
         inputs: Arc::new(IntentInputs::new("embedded")?),
@@ -156,7 +163,7 @@ mod tests {
             durability: Durability::Buffer,
             dir: None,
         };
-        let target = open(&options, Policy::default()).unwrap();
+        let target = open(&options, Policy::default()).await.unwrap();
         assert_eq!(target.intents.operation(0).await, Outcome::success("first_run"));
         // The same intent again finds its key completed: store mode counts a
         // replay of a fresh key as a failure.

@@ -12,9 +12,11 @@
 use super::embedded::{FdbIntents, RAW_VALUE_BYTES, RawCommits};
 use super::{Baseline, IntentInputs, StoreTarget, TargetError};
 use crate::cli::BackendArgs;
+use server::backend::OpenedStore;
+use server::config::{StoreConfig, StoreKind};
 use std::sync::Arc;
 use store_core::Policy;
-use store_fdb::{FoundationDbConfig, FoundationDbNetwork, FoundationDbStore, KeyPrefix};
+use store_fdb::{FoundationDbConfig, KeyPrefix};
 
 /// The cluster file the bench uses (`None`: FoundationDB's default, which
 /// `FDB_CLUSTER_FILE` overrides) and how the report names it.
@@ -42,19 +44,20 @@ pub fn key_prefix(args: &BackendArgs) -> String {
 }
 
 pub async fn open(args: &BackendArgs, policy: Policy) -> Result<StoreTarget, TargetError> {
-    let unavailable = |error| TargetError::unavailable("foundationdb", error);
     let (cluster_file, cluster_shown) = cluster_file(args);
     let prefix = key_prefix(args);
-    let network = FoundationDbNetwork::start().map_err(unavailable)?;
-    let config = FoundationDbConfig {
-        cluster_file,
-        prefix: KeyPrefix::Bytes(prefix.clone().into_bytes()),
-        ..FoundationDbConfig::default()
+    let store_config = StoreConfig {
+        kind: StoreKind::Foundationdb,
+        foundationdb: FoundationDbConfig {
+            cluster_file,
+            prefix: KeyPrefix::Bytes(prefix.clone().into_bytes()),
+            ..FoundationDbConfig::default()
+        },
+        ..StoreConfig::default()
     };
-    let store = FoundationDbStore::open_foundationdb(network, &config, policy)
-        .await
-        .map_err(unavailable)?;
-    let store = Arc::new(store);
+    let OpenedStore::Foundationdb(store) = super::open_store(&store_config, policy).await? else {
+        return Err(super::other_kind(StoreKind::Foundationdb));
+    };
     let intents = Arc::new(FdbIntents {
         store: store.clone(),
         inputs: Arc::new(IntentInputs::new("foundationdb")?),

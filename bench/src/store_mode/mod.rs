@@ -21,6 +21,8 @@ use crate::engine::Workload;
 use crate::intent::{CALLER_ID, Intent, RunIds};
 use crate::recorder::Outcome;
 use serde::{Deserialize, Serialize};
+use server::backend::OpenedStore;
+use server::config::{StoreConfig, StoreKind};
 use std::sync::Arc;
 use store_core::{
     CallerId, ClaimOutcome, ClaimRequest, Fenced, Fingerprint, IdempotencyKey, SavedResponse, StoreError,
@@ -163,51 +165,41 @@ pub fn store_error(error: &StoreError) -> Outcome {
     }
 }
 
-/// Which backends store mode and `--compare` know.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub enum Backend {
-    Embedded,
-    Redis,
-    Postgres,
-    /// A FoundationDB cluster the bench does not start; only with the `foundationdb` feature.
-    Foundationdb,
+/// Opens the record store `config` names through the server's backend
+/// registry (`server::backend::open_store`), the one place a backend is
+/// opened; the bench then drives it directly, with its own effect rows.
+pub async fn open_store(config: &StoreConfig, policy: store_core::Policy) -> Result<OpenedStore, TargetError> {
+    server::backend::open_store(config, policy, &store_core::SystemClock::shared())
+        .await
+        .map_err(|error| TargetError::unavailable(config.kind.name(), error))
 }
 
-impl Backend {
-    /// The backends `--compare` tries by default. Not FoundationDB: the
-    /// bench cannot start a cluster, and the default build leaves it out;
-    /// name it with `--backend foundationdb`.
-    pub const ALL: [Backend; 3] = [Backend::Embedded, Backend::Redis, Backend::Postgres];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Backend::Embedded => "embedded",
-            Backend::Redis => "redis",
-            Backend::Postgres => "postgres",
-            Backend::Foundationdb => "foundationdb",
-        }
-    }
+/// The refusal of a store the registry opened as another kind (it opens
+/// what `store.kind` names, so this is a bench bug).
+pub fn other_kind(expected: StoreKind) -> TargetError {
+    TargetError::unavailable(expected.name(), "the registry opened another kind of store")
 }
 
 /// Prepares `backend` for store mode: opens the embedded store, or connects
 /// to (or spawns) the backend's server.
 pub async fn prepare(
-    backend: Backend,
+    backend: StoreKind,
     args: &crate::cli::BackendArgs,
     policy: store_core::Policy,
 ) -> Result<StoreTarget, TargetError> {
     match backend {
-        Backend::Embedded => {
+        StoreKind::Embedded => {
             let options = embedded::EmbeddedOptions {
                 durability: args.embedded_durability.durability(),
                 dir: args.embedded_dir.clone(),
             };
-            embedded::open(&options, policy)
+            embedded::open(&options, policy).await
         }
-        Backend::Redis => prepare_redis(args, policy).await,
-        Backend::Postgres => prepare_postgres(args, policy).await,
-        Backend::Foundationdb => prepare_foundationdb(args, policy).await,
+        StoreKind::Redis => prepare_redis(args, policy).await,
+        StoreKind::Postgres => prepare_postgres(args, policy).await,
+        StoreKind::Foundationdb => prepare_foundationdb(args, policy).await,
+        // A backend is benchmarked once it has an arm above (and a raw baseline).
+        other => Err(TargetError::unavailable(other.name(), "not a benchmarked backend")),
     }
 }
 

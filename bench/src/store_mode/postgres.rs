@@ -9,6 +9,8 @@ use crate::cli::BackendArgs;
 use crate::engine::Workload;
 use crate::recorder::Outcome;
 use futures::future::BoxFuture;
+use server::backend::OpenedStore;
+use server::config::{StoreConfig, StoreKind};
 use std::sync::Arc;
 use store_core::{AtomicCompletion, ClaimOutcome, CompleteWithError, Completion, IdempotencyStore, Policy};
 use store_postgres::testkit::{PostgresServer, ServerDurability};
@@ -63,16 +65,21 @@ pub async fn database_for(args: &BackendArgs) -> Result<ServerAddress, TargetErr
 
 pub async fn open(args: &BackendArgs, policy: Policy) -> Result<StoreTarget, TargetError> {
     let ServerAddress { url, guard, note } = database_for(args).await?;
-    let config = PostgresConfig {
-        pool_size: POOL_SIZE,
-        ..PostgresConfig::new(url)
+    let store_config = StoreConfig {
+        kind: StoreKind::Postgres,
+        postgres: PostgresConfig {
+            pool_size: POOL_SIZE,
+            ..PostgresConfig::new(url)
+        },
+        ..StoreConfig::default()
     };
-    let store = PostgresStore::new(&config, policy).map_err(|error| TargetError::unavailable("postgres", error))?;
+    let OpenedStore::Postgres(store) = super::open_store(&store_config, policy).await? else {
+        return Err(super::other_kind(StoreKind::Postgres));
+    };
     store
         .migrate(BENCH_MIGRATIONS)
         .await
         .map_err(|error| TargetError::unavailable("postgres", error))?;
-    let store = Arc::new(store);
     let mut keep_alive: Vec<KeepAlive> = vec![Box::new(store.clone())];
     keep_alive.extend(guard);
     Ok(StoreTarget {

@@ -16,6 +16,8 @@ use crate::intent::RunIds;
 use crate::recorder::Outcome;
 use futures::future::BoxFuture;
 use redis::aio::MultiplexedConnection;
+use server::backend::OpenedStore;
+use server::config::{StoreConfig, StoreKind};
 use std::process::Command;
 use std::sync::Arc;
 use store_core::{ClaimOutcome, IdempotencyStore, LeaseToken, Policy};
@@ -71,10 +73,14 @@ pub fn server_for(args: &BackendArgs) -> Result<ServerAddress, TargetError> {
 
 pub async fn open(args: &BackendArgs, policy: Policy) -> Result<StoreTarget, TargetError> {
     let ServerAddress { url, guard, note } = server_for(args)?;
-    let store = RedisStore::connect(RedisConfig::standalone(url.clone()), policy)
-        .await
-        .map_err(|error| TargetError::unavailable("redis", error))?;
-    let store = Arc::new(store);
+    let store_config = StoreConfig {
+        kind: StoreKind::Redis,
+        redis: RedisConfig::standalone(url.clone()),
+        ..StoreConfig::default()
+    };
+    let OpenedStore::Redis(store) = super::open_store(&store_config, policy).await? else {
+        return Err(super::other_kind(StoreKind::Redis));
+    };
     let raw_connection = redis::Client::open(url.as_str())
         .map_err(|error| TargetError::unavailable("redis", error))?
         .get_multiplexed_async_connection()

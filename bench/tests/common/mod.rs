@@ -4,10 +4,10 @@
 // Each test binary uses a part of this module.
 #![allow(dead_code)]
 
-use server::config::DurabilityConfig;
 use server::{App, Config, RunningServer};
 use std::path::Path;
 use std::process::Output;
+use store_fdb::Durability;
 use tempfile::TempDir;
 use tokio::net::TcpListener;
 
@@ -31,7 +31,7 @@ impl LabelService {
         let data = tempfile::tempdir().unwrap();
         let mut config = Config::default();
         config.store.embedded.path = data.path().join("records");
-        config.store.embedded.durability = DurabilityConfig::Buffer;
+        config.store.embedded.durability = Durability::Buffer;
         config.carrier.simulator.latency_ms_min = 0;
         config.carrier.simulator.latency_ms_max = 1;
         config.carrier.simulator.lost_reply_rate = lost_reply_rate;

@@ -24,6 +24,14 @@ pub const CARRIER_STATS_PATH: &str = "/carrier/v1/stats";
 /// The simulator's fault script (tests).
 pub const CARRIER_SCRIPT_PATH: &str = "/carrier/v1/script";
 
+/// The simulator's audit counters, read over HTTP from the simulator at
+/// `carrier_url`: what the tests (in-process or against a process) count
+/// purchases with.
+pub async fn read_stats(client: &reqwest::Client, carrier_url: &str) -> Result<CarrierStats, reqwest::Error> {
+    let response = client.get(format!("{carrier_url}{CARRIER_STATS_PATH}")).send().await?;
+    response.error_for_status()?.json().await
+}
+
 /// The key the Label service sends the carrier for one intent: the caller
 /// and the parcel (order, parcel number, label version), never the client's
 /// idempotency key.

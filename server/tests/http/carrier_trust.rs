@@ -4,7 +4,7 @@
 //! label that matches the request, or an explicit business refusal, may be
 //! saved under the caller's key.
 
-use crate::common::{ALICE, Backend, Options, TestServer, fresh_key, label_body, order_id};
+use crate::common::{ALICE, Options, TestServer, fresh_key, label_body, order_id};
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::State;
@@ -12,6 +12,7 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use server::carrier::{CARRIER_LABELS_PATH, CarrierClient, CarrierLabel, CarrierLabelRequest, CarrierOutcome};
+use server::config::StoreKind;
 use server::labels::ShippingService;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -234,13 +235,13 @@ async fn a_carrier_401_releases_the_key_and_the_retry_buys() {
         carrier_url: Some(base),
         ..Options::default()
     };
-    let server = TestServer::start_with(Backend::Embedded, options).await;
+    let server = TestServer::start_with(StoreKind::Embedded, options).await;
     carrier.answer_with(|_| StatusCode::UNAUTHORIZED.into_response());
     let key = fresh_key();
     let body = label_body(order_id(), 1);
     let refused = server.post_label(Some(ALICE), Some(&key), &body).await;
     assert_eq!(
-        (refused.status, refused.code().as_str()),
+        (refused.status, refused.problem_code().as_str()),
         (503, "downstream_unavailable"),
         "{}",
         refused.text()
@@ -266,7 +267,7 @@ async fn a_malformed_label_id_answers_503_not_500() {
         carrier_url: Some(base),
         ..Options::default()
     };
-    let server = TestServer::start_with(Backend::Embedded, options).await;
+    let server = TestServer::start_with(StoreKind::Embedded, options).await;
     carrier.answer_with(|request| {
         let mut label = label_for(&request);
         label.carrier_label_id = "l".repeat(server::labels::LABEL_ID_BYTES_MAX + 1);
@@ -276,7 +277,7 @@ async fn a_malformed_label_id_answers_503_not_500() {
     let body = label_body(order_id(), 1);
     let first = server.post_label(Some(ALICE), Some(&key), &body).await;
     assert_eq!(
-        (first.status, first.code().as_str()),
+        (first.status, first.problem_code().as_str()),
         (503, "downstream_unavailable"),
         "{}",
         first.text()

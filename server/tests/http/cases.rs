@@ -2,12 +2,13 @@
 //! `backend_suite!` in main.rs). Each test starts its own server; callers
 //! and order ids are fresh per test, so tests never see each other's keys.
 
-use crate::common::{ALICE, BOB, Backend, Options, TestServer, fresh_key, label_body, order_id, purchases_for};
+use crate::common::{ALICE, BOB, Options, TestServer, fresh_key, label_body, order_id, purchases_for};
 use server::carrier::{ScriptStep, SimulatedFault};
+use server::config::StoreKind;
 use std::time::Duration;
 
 /// Seed table, row 1: first run, 201 with the label and Location.
-pub async fn first_run_creates_the_label(backend: Backend) {
+pub async fn first_run_creates_the_label(backend: StoreKind) {
     let server = TestServer::start(backend).await;
     let order = order_id();
     let reply = server
@@ -41,7 +42,7 @@ pub async fn first_run_creates_the_label(backend: Backend) {
 
 /// Seed table, row 2: a repeat gets the saved answer byte for byte, with
 /// `Idempotent-Replayed: true`, and nothing runs (one purchase).
-pub async fn repeat_is_replayed_byte_for_byte(backend: Backend) {
+pub async fn repeat_is_replayed_byte_for_byte(backend: StoreKind) {
     let server = TestServer::start(backend).await;
     let (key, order) = (fresh_key(), order_id());
     let body = label_body(order, 1);
@@ -65,7 +66,7 @@ pub async fn repeat_is_replayed_byte_for_byte(backend: Backend) {
 
 /// Seed table, row 3: while an attempt holds the lease, a repeat gets 409
 /// `request_in_progress` with Retry-After; afterwards, the replay.
-pub async fn concurrent_repeat_gets_409_then_the_replay(backend: Backend) {
+pub async fn concurrent_repeat_gets_409_then_the_replay(backend: StoreKind) {
     let server = TestServer::start(backend).await;
     server.delay_next_carrier_call(1_500).await;
     let (key, body) = (fresh_key(), label_body(order_id(), 1));
@@ -80,9 +81,9 @@ pub async fn concurrent_repeat_gets_409_then_the_replay(backend: Backend) {
     let (first, second) = tokio::join!(first, second);
     assert_eq!(first.status, 201, "{}", first.text());
     assert_eq!(second.status, 409, "{}", second.text());
-    assert_eq!(second.code(), "request_in_progress");
+    assert_eq!(second.problem_code(), "request_in_progress");
     // "Wait briefly": the lease's remaining 30 s capped at server.retry_after_s.
-    assert_eq!(second.retry_after(), 1, "Retry-After of a 409");
+    assert_eq!(second.retry_after_s(), 1, "Retry-After of a 409");
     let third = server.post_label(Some(ALICE), Some(&key), &body).await;
     assert_eq!((third.status, third.header("idempotent-replayed")), (201, Some("true")));
     assert_eq!(third.body, first.body);
@@ -92,7 +93,7 @@ pub async fn concurrent_repeat_gets_409_then_the_replay(backend: Backend) {
 /// `Prefer: wait=N` (docs/design.md#waiting): repeats sent while the first
 /// attempt runs wait for it on the backend's change notifications and get
 /// its answer, byte for byte; the carrier is called once.
-pub async fn waiting_repeats_get_the_first_answer(backend: Backend) {
+pub async fn waiting_repeats_get_the_first_answer(backend: StoreKind) {
     const WAITERS: usize = 5;
     let server = TestServer::start(backend).await;
     server.delay_next_carrier_call(1_500).await;
@@ -120,13 +121,16 @@ pub async fn waiting_repeats_get_the_first_answer(backend: Backend) {
 
 /// Seed table, row 4: same key, different body: 422, after completion and
 /// while in progress, and the saved answer is unchanged.
-pub async fn same_key_with_another_body_is_422(backend: Backend) {
+pub async fn same_key_with_another_body_is_422(backend: StoreKind) {
     let server = TestServer::start(backend).await;
     let (key, order) = (fresh_key(), order_id());
     let first = server.post_label(Some(ALICE), Some(&key), &label_body(order, 1)).await;
     assert_eq!(first.status, 201);
     let reused = server.post_label(Some(ALICE), Some(&key), &label_body(order, 2)).await;
-    assert_eq!((reused.status, reused.code().as_str()), (422, "idempotency_key_reused"));
+    assert_eq!(
+        (reused.status, reused.problem_code().as_str()),
+        (422, "idempotency_key_reused")
+    );
     let replay = server.post_label(Some(ALICE), Some(&key), &label_body(order, 1)).await;
     assert_eq!(replay.body, first.body);
 
@@ -142,18 +146,21 @@ pub async fn same_key_with_another_body_is_422(backend: Backend) {
     };
     let (slow, clash) = tokio::join!(slow, clash);
     assert_eq!(slow.status, 201);
-    assert_eq!((clash.status, clash.code().as_str()), (422, "idempotency_key_reused"));
+    assert_eq!(
+        (clash.status, clash.problem_code().as_str()),
+        (422, "idempotency_key_reused")
+    );
     server.shutdown().await;
 }
 
 /// Seed table, row 5, and the other key errors: missing 400, invalid 400;
 /// the quoted form names the same key as the bare one.
-pub async fn key_header_errors_and_the_quoted_form(backend: Backend) {
+pub async fn key_header_errors_and_the_quoted_form(backend: StoreKind) {
     let server = TestServer::start(backend).await;
     let body = label_body(order_id(), 1);
     let missing = server.post_label(Some(ALICE), None, &body).await;
     assert_eq!(
-        (missing.status, missing.code().as_str()),
+        (missing.status, missing.problem_code().as_str()),
         (400, "idempotency_key_missing")
     );
     for invalid in [
@@ -164,7 +171,7 @@ pub async fn key_header_errors_and_the_quoted_form(backend: Backend) {
     ] {
         let reply = server.post_label(Some(ALICE), Some(&invalid), &body).await;
         assert_eq!(
-            (reply.status, reply.code().as_str()),
+            (reply.status, reply.problem_code().as_str()),
             (400, "idempotency_key_invalid"),
             "{invalid:?}"
         );
@@ -187,7 +194,7 @@ pub async fn key_header_errors_and_the_quoted_form(backend: Backend) {
 
 /// Validation fails before any effect: 400 `invalid_request`, the record is
 /// deleted, nothing is bought, and the key is free for the corrected request.
-pub async fn invalid_request_frees_the_key(backend: Backend) {
+pub async fn invalid_request_frees_the_key(backend: StoreKind) {
     let server = TestServer::start(backend).await;
     let (key, order) = (fresh_key(), order_id());
     for bad in [
@@ -196,7 +203,11 @@ pub async fn invalid_request_frees_the_key(backend: Backend) {
         "not json".to_owned(),
     ] {
         let reply = server.post_label(Some(ALICE), Some(&key), &bad).await;
-        assert_eq!((reply.status, reply.code().as_str()), (400, "invalid_request"), "{bad}");
+        assert_eq!(
+            (reply.status, reply.problem_code().as_str()),
+            (400, "invalid_request"),
+            "{bad}"
+        );
     }
     let corrected = server.post_label(Some(ALICE), Some(&key), &label_body(order, 1)).await;
     assert_eq!(
@@ -212,13 +223,13 @@ pub async fn invalid_request_frees_the_key(backend: Backend) {
 }
 
 /// No token or an unknown token: 401 `unauthorized`, before anything else.
-pub async fn unknown_callers_are_refused(backend: Backend) {
+pub async fn unknown_callers_are_refused(backend: StoreKind) {
     let server = TestServer::start(backend).await;
     let body = label_body(order_id(), 1);
     for token in [None, Some("demo-token"), Some("not-a-token")] {
         let reply = server.post_label(token, Some(&fresh_key()), &body).await;
         assert_eq!(
-            (reply.status, reply.code().as_str()),
+            (reply.status, reply.problem_code().as_str()),
             (401, "unauthorized"),
             "{token:?}"
         );
@@ -232,7 +243,7 @@ pub async fn unknown_callers_are_refused(backend: Backend) {
 
 /// Keys are scoped per caller: the same key from two callers names two
 /// intents; neither sees the other's answer or label.
-pub async fn callers_are_isolated(backend: Backend) {
+pub async fn callers_are_isolated(backend: StoreKind) {
     let server = TestServer::start(backend).await;
     let key = fresh_key();
     let (alice_order, bob_order) = (order_id(), order_id());
@@ -251,7 +262,7 @@ pub async fn callers_are_isolated(backend: Backend) {
     let alice_location = alice.header("location").unwrap();
     assert_eq!(server.get(alice_location, Some(ALICE)).await.status, 200);
     let stolen = server.get(alice_location, Some(BOB)).await;
-    assert_eq!((stolen.status, stolen.code().as_str()), (404, "not_found"));
+    assert_eq!((stolen.status, stolen.problem_code().as_str()), (404, "not_found"));
     let stats = server.carrier_stats().await;
     assert_eq!(
         stats.purchases_by_carrier_key.len(),
@@ -263,7 +274,7 @@ pub async fn callers_are_isolated(backend: Backend) {
 
 /// The second line of defence: a new key for a parcel that has its label
 /// returns that label, and the carrier sells one label per parcel.
-pub async fn a_new_key_for_a_labelled_parcel_buys_nothing(backend: Backend) {
+pub async fn a_new_key_for_a_labelled_parcel_buys_nothing(backend: StoreKind) {
     let server = TestServer::start(backend).await;
     let order = order_id();
     let first = server
@@ -293,18 +304,18 @@ pub async fn a_new_key_for_a_labelled_parcel_buys_nothing(backend: Backend) {
 /// `downstream_unavailable` with Retry-After, nothing saved, lease released;
 /// the retry with the same key takes over at once, calls the carrier with
 /// the same carrier key, and exactly one label is bought.
-pub async fn unknown_carrier_outcomes_release_and_the_retry_buys_once(backend: Backend) {
+pub async fn unknown_carrier_outcomes_release_and_the_retry_buys_once(backend: StoreKind) {
     let server = TestServer::start(backend).await;
     for fault in [SimulatedFault::Error, SimulatedFault::LostReply] {
         server.carrier_script(&[ScriptStep { delay_ms: 0, fault }]).await;
         let (key, order) = (fresh_key(), order_id());
         let failed = server.post_label(Some(ALICE), Some(&key), &label_body(order, 1)).await;
         assert_eq!(
-            (failed.status, failed.code().as_str()),
+            (failed.status, failed.problem_code().as_str()),
             (503, "downstream_unavailable"),
             "{fault:?}"
         );
-        assert!(failed.retry_after() >= 1);
+        assert!(failed.retry_after_s() >= 1);
         let retried = server.post_label(Some(ALICE), Some(&key), &label_body(order, 1)).await;
         assert_eq!(
             retried.status,
@@ -335,7 +346,7 @@ pub async fn unknown_carrier_outcomes_release_and_the_retry_buys_once(backend: B
 
 /// A carrier timeout is an unknown outcome too; the purchase that was in
 /// flight completes at the carrier, and the retries end with that one label.
-pub async fn carrier_timeout_then_retry_gets_the_same_label(backend: Backend) {
+pub async fn carrier_timeout_then_retry_gets_the_same_label(backend: StoreKind) {
     let options = Options {
         lease_ms: 2_000,
         carrier_timeout_ms: 400,
@@ -346,7 +357,7 @@ pub async fn carrier_timeout_then_retry_gets_the_same_label(backend: Backend) {
     let (key, order) = (fresh_key(), order_id());
     let timed_out = server.post_label(Some(ALICE), Some(&key), &label_body(order, 1)).await;
     assert_eq!(
-        (timed_out.status, timed_out.code().as_str()),
+        (timed_out.status, timed_out.problem_code().as_str()),
         (503, "downstream_unavailable")
     );
     let mut answer = None;
@@ -356,7 +367,10 @@ pub async fn carrier_timeout_then_retry_gets_the_same_label(backend: Backend) {
             answer = Some(reply);
             break;
         }
-        assert_eq!((reply.status, reply.code().as_str()), (503, "downstream_unavailable"));
+        assert_eq!(
+            (reply.status, reply.problem_code().as_str()),
+            (503, "downstream_unavailable")
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let answer = answer.expect("a retry succeeds once the carrier's purchase completed");
@@ -372,33 +386,29 @@ pub async fn carrier_timeout_then_retry_gets_the_same_label(backend: Backend) {
 }
 
 /// `GET /v1/labels/{id}`: 404 for an unknown id; probes answer.
-pub async fn reads_and_probes(backend: Backend) {
+pub async fn reads_and_probes(backend: StoreKind) {
     let server = TestServer::start(backend).await;
     let missing = server.get("/v1/labels/lbl_ffffffffffffffff", Some(ALICE)).await;
-    assert_eq!((missing.status, missing.code().as_str()), (404, "not_found"));
+    assert_eq!((missing.status, missing.problem_code().as_str()), (404, "not_found"));
     let health = server.get("/healthz", None).await;
     assert_eq!((health.status, health.json()["status"].as_str()), (200, Some("ok")));
     let ready = server.get("/readyz", None).await;
     assert_eq!((ready.status, ready.json()["status"].as_str()), (200, Some("ready")));
-    let expected_kind = match backend {
-        Backend::Embedded => "embedded",
-        Backend::Redis => "redis",
-        Backend::Postgres => "postgres",
-        #[cfg(feature = "foundationdb")]
-        Backend::Foundationdb => "foundationdb",
-    };
-    assert_eq!(ready.json()["store"].as_str(), Some(expected_kind));
+    assert_eq!(ready.json()["store"].as_str(), Some(backend.name()));
     server.shutdown().await;
 }
 
 /// The body limit: 413 `payload_too_large`, and the key stays unclaimed.
-pub async fn oversized_bodies_are_413(backend: Backend) {
+pub async fn oversized_bodies_are_413(backend: StoreKind) {
     let server = TestServer::start(backend).await;
     let key = fresh_key();
     let padding = "x".repeat(server::config::BODY_BYTES_MAX);
     let huge = format!(r#"{{"order_id":1,"parcel_no":1,"weight_g":1,"service":"ground","pad":"{padding}"}}"#);
     let reply = server.post_label(Some(ALICE), Some(&key), &huge).await;
-    assert_eq!((reply.status, reply.code().as_str()), (413, "payload_too_large"));
+    assert_eq!(
+        (reply.status, reply.problem_code().as_str()),
+        (413, "payload_too_large")
+    );
     let normal = server
         .post_label(Some(ALICE), Some(&key), &label_body(order_id(), 1))
         .await;

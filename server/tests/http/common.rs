@@ -3,29 +3,16 @@
 //! an HTTP client whose every reply is checked against the OpenAPI document.
 
 use serde_json::Value;
-use server::carrier::{CARRIER_SCRIPT_PATH, CARRIER_STATS_PATH, CarrierStats, ScriptStep, SimulatedFault};
-use server::config::{Config, token_sha256};
+use server::carrier::{CARRIER_SCRIPT_PATH, CarrierStats, ScriptStep, SimulatedFault, read_stats};
+use server::config::{Config, StoreKind};
 use server::{App, RunningServer};
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
 use store_core::{SharedClock, SystemClock};
 use tempfile::TempDir;
 use tokio::net::TcpListener;
 
-pub const ALICE: &str = "alice-token";
-pub const BOB: &str = "bob-token";
-
-/// Where records live in a test.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Backend {
-    Embedded,
-    Redis,
-    Postgres,
-    /// A real FoundationDB cluster, the one `FDB_CLUSTER_FILE` names
-    /// (scripts/test-foundationdb starts one and sets it).
-    #[cfg(feature = "foundationdb")]
-    Foundationdb,
-}
+pub use test_support::callers::{ALICE, BOB, callers_env, fresh_key, label_body, unique_order_id as order_id};
+pub use test_support::http::{Reply, client, client_trusting, metric_value};
 
 /// Settings a test may change; everything else is the default config.
 #[derive(Debug, Clone)]
@@ -79,27 +66,29 @@ pub struct TestServer {
     _guard: BackendGuard,
 }
 
-/// Two callers, and never the demo one.
-fn callers_env() -> String {
-    format!(
-        r#"[{{id = "alice", token_sha256 = "{}"}}, {{id = "bob", token_sha256 = "{}"}}]"#,
-        token_sha256(ALICE),
-        token_sha256(BOB)
-    )
+pub use test_support::process::pair;
+
+/// A fresh database on the shared PostgreSQL server, its URL as a TOML string.
+pub async fn fresh_postgres_url() -> String {
+    let postgres = store_postgres::testkit::PostgresServer::shared();
+    let database = postgres.create_database().await.expect("create a test database");
+    format!("\"{}\"", database.url)
 }
 
-fn pair(key: &str, value: impl ToString) -> (String, String) {
-    (key.to_owned(), value.to_string())
-}
-
-async fn backend_env(backend: Backend, data: &TempDir) -> (Vec<(String, String)>, BackendGuard) {
+async fn backend_env(backend: StoreKind, data: &TempDir) -> (Vec<(String, String)>, BackendGuard) {
     let mut env = vec![
         pair("IDEM__STORE__EMBEDDED__PATH", data.path().join("store").display()),
         pair("IDEM__STORE__EMBEDDED__DURABILITY", "buffer"),
     ];
     let guard = match backend {
-        Backend::Embedded => BackendGuard::None,
-        Backend::Redis => {
+        StoreKind::Embedded => BackendGuard::None,
+        // The reference store, through the registry like any backend; its
+        // labels live in the embedded store beside it.
+        StoreKind::Memory => {
+            env.push(pair("IDEM__STORE__KIND", "memory"));
+            BackendGuard::None
+        }
+        StoreKind::Redis => {
             let server = store_redis::testkit::shared_server().expect("start redis-server");
             env.push(pair("IDEM__STORE__KIND", "redis"));
             env.push(pair("IDEM__STORE__REDIS__URLS", format!("[\"{}\"]", server.url())));
@@ -110,15 +99,13 @@ async fn backend_env(backend: Backend, data: &TempDir) -> (Vec<(String, String)>
             ));
             BackendGuard::Redis(server)
         }
-        Backend::Postgres => {
-            let postgres = store_postgres::testkit::PostgresServer::shared();
-            let database = postgres.create_database().await.expect("create a test database");
+        StoreKind::Postgres => {
             env.push(pair("IDEM__STORE__KIND", "postgres"));
-            env.push(pair("IDEM__STORE__POSTGRES__URL", format!("\"{}\"", database.url)));
+            env.push(pair("IDEM__STORE__POSTGRES__URL", fresh_postgres_url().await));
             BackendGuard::None
         }
         #[cfg(feature = "foundationdb")]
-        Backend::Foundationdb => {
+        StoreKind::Foundationdb => {
             env.push(pair("IDEM__STORE__KIND", "foundationdb"));
             env.push(pair(
                 "IDEM__STORE__FOUNDATIONDB__CLUSTER_FILE",
@@ -131,6 +118,8 @@ async fn backend_env(backend: Backend, data: &TempDir) -> (Vec<(String, String)>
             ));
             BackendGuard::None
         }
+        #[cfg(not(feature = "foundationdb"))]
+        StoreKind::Foundationdb => panic!("the FoundationDB tests need the server's foundationdb feature"),
     };
     (env, guard)
 }
@@ -146,11 +135,11 @@ pub fn foundationdb_cluster_file() -> String {
 }
 
 impl TestServer {
-    pub async fn start(backend: Backend) -> Self {
+    pub async fn start(backend: StoreKind) -> Self {
         Self::start_with(backend, Options::default()).await
     }
 
-    pub async fn start_with(backend: Backend, options: Options) -> Self {
+    pub async fn start_with(backend: StoreKind, options: Options) -> Self {
         let data = tempfile::tempdir().expect("temporary directory");
         let (mut env, guard) = backend_env(backend, &data).await;
         env.extend([
@@ -222,7 +211,7 @@ impl TestServer {
         if let Some(key) = key {
             request = request.header("idempotency-key", key);
         }
-        Reply::read("POST", "/v1/labels", request.send().await.expect("server answers")).await
+        read_documented("POST", "/v1/labels", request.send().await.expect("server answers")).await
     }
 
     pub async fn get(&self, path: &str, token: Option<&str>) -> Reply {
@@ -235,13 +224,11 @@ impl TestServer {
         } else {
             path
         };
-        Reply::read("GET", pattern, request.send().await.expect("server answers")).await
+        read_documented("GET", pattern, request.send().await.expect("server answers")).await
     }
 
     pub async fn carrier_stats(&self) -> CarrierStats {
-        let url = format!("{}{CARRIER_STATS_PATH}", self.carrier);
-        let response = self.client.get(url).send().await.expect("carrier answers");
-        response.json().await.expect("stats")
+        read_stats(&self.client, &self.carrier).await.expect("carrier stats")
     }
 
     /// Makes the carrier's next call answer after `delay_ms`, normally.
@@ -278,73 +265,11 @@ impl TestServer {
     }
 }
 
-pub fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .timeout(Duration::from_secs(30))
-        .build()
-        .expect("client")
-}
-
-/// A client that trusts only the CA in `ca_file` (PEM), for HTTPS servers.
-pub fn client_trusting(ca_file: &std::path::Path) -> reqwest::Client {
-    let pem = std::fs::read(ca_file).expect("read the CA file");
-    let certificates = reqwest::Certificate::from_pem_bundle(&pem).expect("a PEM CA");
-    reqwest::Client::builder()
-        .timeout(Duration::from_secs(30))
-        .tls_certs_only(certificates)
-        .build()
-        .expect("client")
-}
-
-/// One answer, read whole, already checked against the OpenAPI document.
-#[derive(Debug, Clone)]
-pub struct Reply {
-    pub status: u16,
-    pub headers: reqwest::header::HeaderMap,
-    pub body: Vec<u8>,
-}
-
-impl Reply {
-    pub async fn read(method: &str, pattern: &str, response: reqwest::Response) -> Self {
-        let status = response.status().as_u16();
-        let headers = response.headers().clone();
-        let body = response.bytes().await.expect("body").to_vec();
-        let reply = Self { status, headers, body };
-        assert_documented(method, pattern, &reply);
-        reply
-    }
-
-    pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers.get(name).and_then(|value| value.to_str().ok())
-    }
-
-    pub fn json(&self) -> Value {
-        serde_json::from_slice(&self.body).unwrap_or_else(|error| panic!("not JSON ({error}): {}", self.text()))
-    }
-
-    pub fn text(&self) -> String {
-        String::from_utf8_lossy(&self.body).into_owned()
-    }
-
-    /// The problem `code`, asserting the problem media type.
-    pub fn code(&self) -> String {
-        assert_eq!(
-            self.header("content-type"),
-            Some("application/problem+json"),
-            "{}",
-            self.text()
-        );
-        let problem = self.json();
-        assert_eq!(problem["status"].as_u64(), Some(u64::from(self.status)), "{problem}");
-        problem["code"].as_str().expect("code").to_owned()
-    }
-
-    pub fn retry_after(&self) -> u64 {
-        self.header("retry-after")
-            .expect("Retry-After")
-            .parse()
-            .expect("whole seconds")
-    }
+/// One answer, read whole and checked against the OpenAPI document.
+pub async fn read_documented(method: &str, pattern: &str, response: reqwest::Response) -> Reply {
+    let reply = Reply::read(response).await;
+    assert_documented(method, pattern, &reply);
+    reply
 }
 
 /// The API document, as the server serves it.
@@ -388,21 +313,6 @@ pub fn assert_documented(method: &str, pattern: &str, reply: &Reply) {
     );
 }
 
-/// A label request body.
-pub fn label_body(order_id: u64, parcel_no: u32) -> String {
-    format!(r#"{{"order_id":{order_id},"parcel_no":{parcel_no},"weight_g":1450,"service":"ground"}}"#)
-}
-
-/// A fresh order id, so tests never share a parcel.
-pub fn order_id() -> u64 {
-    1 + rand::random::<u64>() % 999_999_999_999
-}
-
-/// A fresh idempotency key.
-pub fn fresh_key() -> String {
-    format!("label:{:016x}", rand::random::<u64>())
-}
-
 /// Purchases the carrier made for one parcel.
 pub fn purchases_for(stats: &CarrierStats, order_id: u64) -> u64 {
     stats
@@ -410,17 +320,5 @@ pub fn purchases_for(stats: &CarrierStats, order_id: u64) -> u64 {
         .iter()
         .filter(|parcel| parcel.order_id == order_id)
         .map(|parcel| parcel.purchases)
-        .sum()
-}
-
-/// The value of one Prometheus sample line, summed over label sets that
-/// contain all of `labels`.
-pub fn metric_value(exposition: &str, name: &str, labels: &[&str]) -> f64 {
-    exposition
-        .lines()
-        .filter(|line| !line.starts_with('#'))
-        .filter(|line| line.starts_with(&format!("{name}{{")) || line.starts_with(&format!("{name} ")))
-        .filter(|line| labels.iter().all(|label| line.contains(label)))
-        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
 }

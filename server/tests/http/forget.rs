@@ -3,14 +3,14 @@
 //! unreadable beforehand through the store's own API (embedded) or by
 //! writing to the server directly (Redis, PostgreSQL).
 
-use crate::common::{Reply, client, fresh_key, label_body, order_id};
-use crate::process::Process;
+use crate::common::{Reply, fresh_key, label_body, order_id};
 use std::path::{Path, PathBuf};
 use store_core::testkit::{claim_request, response};
 use store_core::{CallerId, ClaimOutcome, IDEMPOTENCY_KEY_BYTES_MAX, IdempotencyStore, Policy, StoreError};
 use store_fdb::testkit::overwrite_with_unreadable_bytes;
 use store_fdb::{EmbeddedConfig, EmbeddedStore};
 use tempfile::TempDir;
+use test_support::process::ServerProcess;
 use tokio::process::Command;
 
 const CALLER: &str = "alice";
@@ -257,7 +257,7 @@ async fn the_log_line_of_an_unreadable_record_names_what_the_command_takes() {
         dir.path().join("labels").display()
     );
     let config = config_file(dir.path(), &section);
-    let server = Process::start(&["--config", config.to_str().unwrap()], &[], dir.path()).await;
+    let server = crate::process::start(&["--config", config.to_str().unwrap()], &[], dir.path()).await;
     let key = fresh_key();
     let body = label_body(order_id(), 1);
     assert_eq!(post_label(&server.url, &key, &body).await.status, 201);
@@ -268,7 +268,7 @@ async fn the_log_line_of_an_unreadable_record_names_what_the_command_takes() {
     redis.query::<()>(&["HSET", &record, "state", "bogus"]).unwrap();
     let unreadable = post_label(&server.url, &key, &body).await;
     assert_eq!(
-        (unreadable.status, unreadable.code().as_str()),
+        (unreadable.status, unreadable.problem_code().as_str()),
         (500, "record_unreadable")
     );
     let log = log_with(&server, "a stored record is unreadable").await;
@@ -293,7 +293,7 @@ async fn the_log_line_of_an_unreadable_record_names_what_the_command_takes() {
 
 /// The process's log once it has a line containing `text` (its stdout is
 /// read by a task of its own), or as it is after `LOG_WAIT_MS_MAX`.
-async fn log_with(server: &Process, text: &str) -> String {
+async fn log_with(server: &ServerProcess, text: &str) -> String {
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_millis(LOG_WAIT_MS_MAX);
     loop {
         let log = server.log();
@@ -305,16 +305,7 @@ async fn log_with(server: &Process, text: &str) -> String {
 }
 
 async fn post_label(base: &str, key: &str, body: &str) -> Reply {
-    let response = client()
-        .post(format!("{base}/v1/labels"))
-        .bearer_auth("demo-token")
-        .header("idempotency-key", key)
-        .header("content-type", "application/json")
-        .body(body.to_owned())
-        .send()
-        .await
-        .expect("server answers");
-    Reply::read("POST", "/v1/labels", response).await
+    crate::process::post(base, server::config::DEMO_TOKEN, key, body).await
 }
 
 /// FoundationDB records (the server's `foundationdb` feature, on the

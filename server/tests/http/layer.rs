@@ -1,9 +1,7 @@
 //! The idempotency layer on a route of its own (any axum route can wear
 //! it), the lease-lost path, and store outages (503, never 500).
 
-use crate::common::{
-    ALICE, Backend, Options, Reply, TestServer, client, fresh_key, label_body, metric_value, order_id,
-};
+use crate::common::{ALICE, Options, Reply, TestServer, client, fresh_key, label_body, metric_value, order_id};
 use async_trait::async_trait;
 use axum::extract::State;
 use axum::handler::Handler;
@@ -13,6 +11,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
 use server::auth::{Callers, require_caller};
+use server::config::StoreKind;
 use server::config::{CallerConfig, token_sha256};
 use server::error::ApiError;
 use server::idempotency::{FinishPolicy, IdempotencyLayer};
@@ -148,7 +147,10 @@ async fn any_route_wearing_the_layer_runs_once_and_replays() {
     );
     assert_eq!(calls.load(Ordering::SeqCst), 1, "the route ran once");
     let reused = post_order(&base, &key, r#"{"item":2}"#).await;
-    assert_eq!((reused.status, reused.code().as_str()), (422, "idempotency_key_reused"));
+    assert_eq!(
+        (reused.status, reused.problem_code().as_str()),
+        (422, "idempotency_key_reused")
+    );
 }
 
 fn fails_validation_then_creates(call: usize) -> BoxedAnswer {
@@ -166,7 +168,10 @@ async fn validation_failures_free_the_key_and_transient_answers_release_it() {
     let (base, calls) = serve_route(embedded(Policy::default()), fails_validation_then_creates).await;
     let key = fresh_key();
     let invalid = post_order(&base, &key, "first body").await;
-    assert_eq!((invalid.status, invalid.code().as_str()), (400, "invalid_request"));
+    assert_eq!(
+        (invalid.status, invalid.problem_code().as_str()),
+        (400, "invalid_request")
+    );
     // Abandoned: a different body under the same key is a fresh request.
     let failed = post_order(&base, &key, "second body").await;
     assert_eq!(failed.status, 503);
@@ -322,7 +327,7 @@ async fn an_answer_that_cannot_be_saved_is_saved_as_response_not_saved_and_never
         let key = fresh_key();
         let first = post_order(&base, &key, "{}").await;
         assert_eq!(
-            (first.status, first.code().as_str()),
+            (first.status, first.problem_code().as_str()),
             (500, "response_not_saved"),
             "{}",
             first.text()
@@ -332,7 +337,7 @@ async fn an_answer_that_cannot_be_saved_is_saved_as_response_not_saved_and_never
         assert_eq!(
             (
                 repeat.status,
-                repeat.code().as_str(),
+                repeat.problem_code().as_str(),
                 repeat.header("idempotent-replayed")
             ),
             (500, "response_not_saved", Some("true"))
@@ -633,7 +638,10 @@ async fn a_claim_whose_replies_are_all_lost_is_released_in_the_background() {
     let (base, calls) = serve_route(store.clone(), created).await;
     let key = fresh_key();
     let first = post_order(&base, &key, "{}").await;
-    assert_eq!((first.status, first.code().as_str()), (503, "store_unavailable"));
+    assert_eq!(
+        (first.status, first.problem_code().as_str()),
+        (503, "store_unavailable")
+    );
     assert_eq!(calls.load(Ordering::SeqCst), 0);
     let mut waited_ms = 0;
     while store.releases.load(Ordering::SeqCst) == 0 && waited_ms < 3_000 {
@@ -679,7 +687,7 @@ async fn an_unreadable_record_answers_500_record_unreadable() {
         .unwrap();
     let reply = post_order(&base, &key, "{}").await;
     assert_eq!(
-        (reply.status, reply.code().as_str()),
+        (reply.status, reply.problem_code().as_str()),
         (500, "record_unreadable"),
         "{}",
         reply.text()
@@ -763,8 +771,11 @@ async fn a_completion_that_fails_once_is_sent_again_not_run_again() {
 async fn a_store_outage_is_503_with_retry_after_never_500() {
     let (base, calls) = serve_route(Arc::new(DownStore), created).await;
     let reply = post_order(&base, &fresh_key(), "{}").await;
-    assert_eq!((reply.status, reply.code().as_str()), (503, "store_unavailable"));
-    assert_eq!(reply.retry_after(), 1);
+    assert_eq!(
+        (reply.status, reply.problem_code().as_str()),
+        (503, "store_unavailable")
+    );
+    assert_eq!(reply.retry_after_s(), 1);
     assert_eq!(calls.load(Ordering::SeqCst), 0, "nothing runs without a claimed key");
 }
 
@@ -780,19 +791,22 @@ async fn a_real_redis_outage_is_503_and_recovers() {
         ],
         ..Options::default()
     };
-    let server = TestServer::start_with(Backend::Redis, options).await;
+    let server = TestServer::start_with(StoreKind::Redis, options).await;
     let body = label_body(order_id(), 1);
     redis.pause().expect("pause redis");
     let reply = server.post_label(Some(ALICE), Some(&fresh_key()), &body).await;
     assert_eq!(
-        (reply.status, reply.code().as_str()),
+        (reply.status, reply.problem_code().as_str()),
         (503, "store_unavailable"),
         "{}",
         reply.text()
     );
-    assert!(reply.retry_after() >= 1);
+    assert!(reply.retry_after_s() >= 1);
     let ready = server.get("/readyz", None).await;
-    assert_eq!((ready.status, ready.code().as_str()), (503, "store_unavailable"));
+    assert_eq!(
+        (ready.status, ready.problem_code().as_str()),
+        (503, "store_unavailable")
+    );
     redis.resume().expect("resume redis");
     let mut recovered = None;
     for _ in 0..50 {

@@ -1,7 +1,8 @@
 //! The limits: in-flight cap (fast 503 overloaded) and the per-request
 //! budget (503 request_timeout, while the idempotent work still finishes).
 
-use crate::common::{ALICE, Backend, Options, TestServer, fresh_key, label_body, order_id, purchases_for};
+use crate::common::{ALICE, Options, TestServer, fresh_key, label_body, order_id, purchases_for};
+use server::config::StoreKind;
 use std::time::{Duration, Instant};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -10,7 +11,7 @@ async fn requests_beyond_the_in_flight_cap_are_refused_at_once() {
         in_flight_max: 1,
         ..Options::default()
     };
-    let server = TestServer::start_with(Backend::Embedded, options).await;
+    let server = TestServer::start_with(StoreKind::Embedded, options).await;
     server.delay_next_carrier_call(1_000).await;
     let body = label_body(order_id(), 1);
     let busy_key = fresh_key();
@@ -25,7 +26,7 @@ async fn requests_beyond_the_in_flight_cap_are_refused_at_once() {
     };
     let (busy, (shed, waited)) = tokio::join!(busy, shed);
     assert_eq!(busy.status, 201);
-    assert_eq!((shed.status, shed.code().as_str()), (503, "overloaded"));
+    assert_eq!((shed.status, shed.problem_code().as_str()), (503, "overloaded"));
     assert!(
         waited < Duration::from_millis(500),
         "shed at once, not queued: {waited:?}"
@@ -43,7 +44,7 @@ async fn work_left_running_by_a_hung_up_client_holds_its_slot_until_done() {
         in_flight_max: 1,
         ..Options::default()
     };
-    let server = TestServer::start_with(Backend::Embedded, options).await;
+    let server = TestServer::start_with(StoreKind::Embedded, options).await;
     server.delay_next_carrier_call(1_000).await;
     let impatient = reqwest::Client::builder()
         .timeout(Duration::from_millis(200))
@@ -62,7 +63,7 @@ async fn work_left_running_by_a_hung_up_client_holds_its_slot_until_done() {
         .post_label(Some(ALICE), Some(&fresh_key()), &label_body(order_id(), 1))
         .await;
     assert_eq!(
-        (meanwhile.status, meanwhile.code().as_str()),
+        (meanwhile.status, meanwhile.problem_code().as_str()),
         (503, "overloaded"),
         "the abandoned attempt still holds the only slot"
     );
@@ -80,13 +81,16 @@ async fn a_request_over_budget_times_out_but_its_work_completes_and_replays() {
         request_timeout_ms: 300,
         ..Options::default()
     };
-    let server = TestServer::start_with(Backend::Embedded, options).await;
+    let server = TestServer::start_with(StoreKind::Embedded, options).await;
     server.delay_next_carrier_call(800).await;
     let (key, order) = (fresh_key(), order_id());
     let started = Instant::now();
     let timed_out = server.post_label(Some(ALICE), Some(&key), &label_body(order, 1)).await;
-    assert_eq!((timed_out.status, timed_out.code().as_str()), (503, "request_timeout"));
-    assert!(timed_out.retry_after() >= 1);
+    assert_eq!(
+        (timed_out.status, timed_out.problem_code().as_str()),
+        (503, "request_timeout")
+    );
+    assert!(timed_out.retry_after_s() >= 1);
     assert!(started.elapsed() < Duration::from_millis(700), "answered at the budget");
     tokio::time::sleep(Duration::from_millis(900)).await;
     let replay = server.post_label(Some(ALICE), Some(&key), &label_body(order, 1)).await;
@@ -103,7 +107,7 @@ async fn a_request_over_budget_times_out_but_its_work_completes_and_replays() {
 /// Shutdown waits for the work of requests in flight and flushes the store.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn graceful_shutdown_finishes_work_in_flight() {
-    let server = TestServer::start(Backend::Embedded).await;
+    let server = TestServer::start(StoreKind::Embedded).await;
     server.delay_next_carrier_call(600).await;
     let (key, body) = (fresh_key(), label_body(order_id(), 1));
     let request = server.post_label(Some(ALICE), Some(&key), &body);
@@ -120,7 +124,7 @@ async fn graceful_shutdown_finishes_work_in_flight() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_chunked_body_over_the_limit_is_413() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let server = TestServer::start(Backend::Embedded).await;
+    let server = TestServer::start(StoreKind::Embedded).await;
     let address = server.base.trim_start_matches("http://").to_owned();
     let mut stream = tokio::net::TcpStream::connect(&address).await.unwrap();
     let head = format!(

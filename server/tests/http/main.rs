@@ -2,7 +2,8 @@
 //! test. `cases` runs on every backend CI has (embedded always; Redis and
 //! PostgreSQL on real servers the store crates' test harnesses start;
 //! FoundationDB with the server's `foundationdb` feature, on the cluster
-//! scripts/test-foundationdb starts);
+//! scripts/test-foundationdb starts; the memory store, which the tests'
+//! build of the server has through its `memory-store` feature);
 //! the other modules test what does not depend on the backend.
 
 mod carrier;
@@ -26,44 +27,32 @@ mod slow_clients;
 mod tls;
 mod waiting;
 
-/// One `#[tokio::test]` per case per backend.
+/// One module of `#[tokio::test]`s, one per case, on one backend.
+macro_rules! cases_on {
+    ($module:ident, $kind:ident, [$($case:ident),* $(,)?]) => {
+        mod $module {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    crate::cases::$case(server::config::StoreKind::$kind).await
+                }
+            )*
+        }
+    };
+}
+
+/// Every case on every backend: one line per backend.
 macro_rules! backend_suite {
     ($($case:ident),* $(,)?) => {
-        mod embedded {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() {
-                    crate::cases::$case(crate::common::Backend::Embedded).await
-                }
-            )*
-        }
-        mod redis {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() {
-                    crate::cases::$case(crate::common::Backend::Redis).await
-                }
-            )*
-        }
-        mod postgres {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() {
-                    crate::cases::$case(crate::common::Backend::Postgres).await
-                }
-            )*
-        }
-        /// Only with the server's `foundationdb` feature, on the cluster
-        /// scripts/test-foundationdb starts.
+        cases_on!(embedded, Embedded, [$($case),*]);
+        cases_on!(redis, Redis, [$($case),*]);
+        cases_on!(postgres, Postgres, [$($case),*]);
+        // Only with the server's `foundationdb` feature, on the cluster
+        // scripts/test-foundationdb starts.
         #[cfg(feature = "foundationdb")]
-        mod foundationdb {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() {
-                    crate::cases::$case(crate::common::Backend::Foundationdb).await
-                }
-            )*
-        }
+        cases_on!(foundationdb, Foundationdb, [$($case),*]);
+        // The reference store through the registry (`store.kind = "memory"`).
+        cases_on!(memory, Memory, [$($case),*]);
     };
 }
 

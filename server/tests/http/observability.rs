@@ -3,9 +3,8 @@
 //! (`promtool test rules`), a real Prometheus scrapes the server and answers
 //! a query, and the sweeper purges and counts late keys.
 
-use crate::common::{
-    ALICE, Backend, Options, TestServer, fresh_key, label_body, metric_value, order_id, purchases_for,
-};
+use crate::common::{ALICE, Options, TestServer, fresh_key, label_body, metric_value, order_id, purchases_for};
+use server::config::StoreKind;
 use std::io::Write;
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -29,7 +28,7 @@ fn ops_file(name: &str) -> std::path::PathBuf {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_exposition_passes_promtool_check_metrics() {
-    let server = TestServer::start(Backend::Embedded).await;
+    let server = TestServer::start(StoreKind::Embedded).await;
     let reply = server
         .post_label(Some(ALICE), Some(&fresh_key()), &label_body(order_id(), 1))
         .await;
@@ -185,7 +184,7 @@ impl Drop for Prometheus {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_real_prometheus_scrapes_the_server_and_answers_a_query() {
-    let server = TestServer::start(Backend::Embedded).await;
+    let server = TestServer::start(StoreKind::Embedded).await;
     let reply = server
         .post_label(Some(ALICE), Some(&fresh_key()), &label_body(order_id(), 1))
         .await;
@@ -261,7 +260,7 @@ async fn the_sweeper_purges_and_late_keys_are_counted_without_a_second_purchase(
         clock: Some(clock.clone()),
         ..Options::default()
     };
-    let server = TestServer::start_with(Backend::Embedded, options).await;
+    let server = TestServer::start_with(StoreKind::Embedded, options).await;
     let before = server.metrics_text().await;
     let purged_before = metric_value(&before, "idem_records_purged_total", &[]);
     let (key, order) = (fresh_key(), order_id());
@@ -327,7 +326,7 @@ fn method_labels(exposition: &str) -> std::collections::BTreeSet<String> {
 /// (or path) is a new series in Prometheus, without bound.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn made_up_methods_and_paths_add_no_metric_series() {
-    let server = TestServer::start(Backend::Embedded).await;
+    let server = TestServer::start(StoreKind::Embedded).await;
     let http = crate::common::client();
     let send = |method: String, path: &str| {
         let method = reqwest::Method::from_bytes(method.as_bytes()).expect("a valid method token");
@@ -383,7 +382,7 @@ fn has_series(exposition: &str, series: &str) -> bool {
 /// every counter and histogram is exported at zero from the start.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_counter_and_histogram_is_exported_at_zero_right_after_start() {
-    let server = TestServer::start(Backend::Embedded).await;
+    let server = TestServer::start(StoreKind::Embedded).await;
     let text = server.metrics_text().await;
     let at_zero = [
         "idem_late_keys_total",

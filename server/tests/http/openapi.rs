@@ -3,7 +3,8 @@
 //! problem response of the API. That replies conform to it is checked on
 //! every reply of the suite (`common::assert_documented`).
 
-use crate::common::{Backend, Options, TestServer, openapi};
+use crate::common::{Options, TestServer, openapi};
+use server::config::StoreKind;
 use std::process::Command;
 use store_core::Policy;
 use store_core::types::{RETENTION_MS_DEFAULT, TOMBSTONE_MS_DEFAULT};
@@ -14,7 +15,7 @@ const PYTHON_PROGRAM: &str = "python3";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_served_document_is_openapi_3_1_and_passes_the_validator() {
-    let server = TestServer::start(Backend::Embedded).await;
+    let server = TestServer::start(StoreKind::Embedded).await;
     let served = server.get("/openapi.json", None).await.json();
     let policy = Policy::new(Options::default().lease_ms, RETENTION_MS_DEFAULT, TOMBSTONE_MS_DEFAULT).unwrap();
     assert_eq!(

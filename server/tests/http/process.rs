@@ -2,107 +2,26 @@
 //! config, SIGTERM, and a crash mid-purchase with the carrier as a process
 //! of its own (it must outlive the server's restart).
 
-use crate::common::{ALICE, BOB, Reply, client, fresh_key, label_body, metric_value, order_id, purchases_for};
-use server::carrier::{CARRIER_SCRIPT_PATH, CARRIER_STATS_PATH, CarrierStats};
-use server::config::token_sha256;
+use crate::common::{
+    ALICE, Reply, callers_env, client, fresh_key, label_body, metric_value, order_id, purchases_for, read_documented,
+};
+use server::carrier::{CARRIER_SCRIPT_PATH, CarrierStats, read_stats};
 use std::path::Path;
-use std::process::Stdio;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
+use test_support::process::{ProcessSpec, ServerProcess};
+use tokio::process::Command;
 
-/// Longest wait for a process to say it listens.
-const STARTUP_MS_MAX: u64 = 20_000;
-
-/// A running `server` process, killed when dropped.
-pub(crate) struct Process {
-    child: Child,
-    pub(crate) url: String,
-    log: Arc<Mutex<String>>,
+/// Runs the binary with `args` and `env` in `dir`, and waits for its
+/// "listening on http://..." line; killed when dropped.
+pub(crate) async fn start(args: &[&str], env: &[(&str, String)], dir: &Path) -> ServerProcess {
+    let spec = ProcessSpec::new(env!("CARGO_BIN_EXE_server"), args, dir).env(env.iter().cloned());
+    ServerProcess::start(spec)
+        .await
+        .unwrap_or_else(|error| panic!("the server process: {error}"))
 }
 
-impl Process {
-    /// Runs the binary with `args` and `env` in `dir`, and waits for its
-    /// "listening on http://..." line.
-    pub(crate) async fn start(args: &[&str], env: &[(&str, String)], dir: &Path) -> Self {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_server"));
-        command
-            .args(args)
-            .current_dir(dir)
-            .env_remove("RUST_LOG")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
-        for (name, value) in env {
-            command.env(name, value);
-        }
-        let mut child = command.spawn().expect("spawn the server binary");
-        let log = Arc::new(Mutex::new(String::new()));
-        let (url_sender, url_receiver) = tokio::sync::oneshot::channel();
-        let stdout = child.stdout.take().expect("stdout");
-        let lines_log = log.clone();
-        tokio::spawn(async move {
-            let mut lines = BufReader::new(stdout).lines();
-            let mut url_sender = Some(url_sender);
-            while let Ok(Some(line)) = lines.next_line().await {
-                if let Some(at) = line.find("listening on http://") {
-                    // Up to a closing quote, for a JSON log line.
-                    let rest = &line[at + "listening on ".len()..];
-                    let url = rest.split('"').next().unwrap_or(rest).trim().to_owned();
-                    if let Some(sender) = url_sender.take() {
-                        let _ = sender.send(url);
-                    }
-                }
-                lines_log.lock().unwrap().push_str(&(line + "\n"));
-            }
-        });
-        let url = tokio::time::timeout(Duration::from_millis(STARTUP_MS_MAX), url_receiver)
-            .await
-            .expect("the process says where it listens")
-            .expect("stdout open");
-        Self { child, url, log }
-    }
-
-    pub(crate) fn log(&self) -> String {
-        self.log.lock().unwrap().clone()
-    }
-
-    fn signal(&self, signal: &str) {
-        let pid = self.child.id().expect("running").to_string();
-        let status = std::process::Command::new("kill")
-            .args([signal, &pid])
-            .status()
-            .expect("kill");
-        assert!(status.success());
-    }
-
-    /// SIGKILL: a crash, nothing flushed.
-    async fn crash(mut self) {
-        self.child.kill().await.expect("kill");
-    }
-
-    /// SIGTERM, and the exit status.
-    pub(crate) async fn terminate(mut self) -> (std::process::ExitStatus, String) {
-        self.signal("-TERM");
-        let status = tokio::time::timeout(Duration::from_secs(20), self.child.wait())
-            .await
-            .expect("exits after SIGTERM")
-            .expect("status");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        (status, self.log())
-    }
-}
-
-fn callers() -> String {
-    format!(
-        r#"[{{id = "alice", token_sha256 = "{}"}}, {{id = "bob", token_sha256 = "{}"}}]"#,
-        token_sha256(ALICE),
-        token_sha256(BOB)
-    )
-}
-
-async fn post(base: &str, token: &str, key: &str, body: &str) -> Reply {
+/// `POST /v1/labels` to a server process, checked against the document.
+pub(crate) async fn post(base: &str, token: &str, key: &str, body: &str) -> Reply {
     let response = client()
         .post(format!("{base}/v1/labels"))
         .bearer_auth(token)
@@ -112,14 +31,14 @@ async fn post(base: &str, token: &str, key: &str, body: &str) -> Reply {
         .send()
         .await
         .expect("server answers");
-    Reply::read("POST", "/v1/labels", response).await
+    read_documented("POST", "/v1/labels", response).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_binary_starts_with_zero_set_up_and_stops_on_sigterm() {
     let dir = tempfile::tempdir().unwrap();
     let env = [("IDEM__SERVER__LISTEN", "127.0.0.1:0".to_owned())];
-    let server = Process::start(&[], &env, dir.path()).await;
+    let server = start(&[], &env, dir.path()).await;
     let log = server.log();
     assert!(log.contains("DEVELOPMENT CALLER ENABLED"), "{log}");
     assert!(
@@ -143,9 +62,9 @@ async fn json_log_lines_are_flat_and_carry_the_request_id() {
     let env = [
         ("IDEM__SERVER__LISTEN", "127.0.0.1:0".to_owned()),
         ("IDEM__LOG__FORMAT", "json".to_owned()),
-        ("IDEM__CALLERS", callers()),
+        ("IDEM__CALLERS", callers_env()),
     ];
-    let server = Process::start(&[], &env, dir.path()).await;
+    let server = start(&[], &env, dir.path()).await;
     let response = client()
         .post(format!("{}/v1/labels", server.url))
         .bearer_auth(ALICE)
@@ -213,12 +132,7 @@ async fn invalid_config_is_refused_naming_the_field() {
 }
 
 async fn carrier_stats(carrier: &str) -> CarrierStats {
-    let response = client()
-        .get(format!("{carrier}{CARRIER_STATS_PATH}"))
-        .send()
-        .await
-        .unwrap();
-    response.json().await.unwrap()
+    read_stats(&client(), carrier).await.expect("carrier stats")
 }
 
 /// The timeline of docs/design.md#timeline: attempt 1 buys the label and dies before
@@ -233,15 +147,15 @@ async fn a_crash_mid_purchase_ends_with_one_label_after_restart() {
         ("IDEM__CARRIER__SIMULATOR__LATENCY_MS_MIN", "0".to_owned()),
         ("IDEM__CARRIER__SIMULATOR__LATENCY_MS_MAX", "0".to_owned()),
     ];
-    let carrier = Process::start(&["carrier", "--listen", "127.0.0.1:0"], &carrier_env, dir.path()).await;
+    let carrier = start(&["carrier", "--listen", "127.0.0.1:0"], &carrier_env, dir.path()).await;
     let server_env = [
         ("IDEM__SERVER__LISTEN", "127.0.0.1:0".to_owned()),
-        ("IDEM__CALLERS", callers()),
+        ("IDEM__CALLERS", callers_env()),
         ("IDEM__POLICY__LEASE_MS", "3000".to_owned()),
         ("IDEM__CARRIER__TIMEOUT_MS", "2000".to_owned()),
         ("IDEM__CARRIER__URL", carrier.url.clone()),
     ];
-    let first = Process::start(&[], &server_env, dir.path()).await;
+    let first = start(&[], &server_env, dir.path()).await;
     let script = serde_json::json!({ "steps": [{ "delay_ms": 1000 }] });
     let scripted = client()
         .post(format!("{}{CARRIER_SCRIPT_PATH}", carrier.url))
@@ -265,7 +179,7 @@ async fn a_crash_mid_purchase_ends_with_one_label_after_restart() {
         .send()
         .await;
     assert!(attempt.is_err(), "the caller gave up before the answer");
-    first.crash().await;
+    first.kill().await;
     tokio::time::sleep(Duration::from_millis(1_000)).await;
     assert_eq!(
         purchases_for(&carrier_stats(&carrier.url).await, order),
@@ -273,15 +187,15 @@ async fn a_crash_mid_purchase_ends_with_one_label_after_restart() {
         "the carrier sold the label"
     );
 
-    let second = Process::start(&[], &server_env, dir.path()).await;
+    let second = start(&[], &server_env, dir.path()).await;
     let blocked = post(&second.url, ALICE, &key, &body).await;
     assert_eq!(
-        (blocked.status, blocked.code().as_str()),
+        (blocked.status, blocked.problem_code().as_str()),
         (409, "request_in_progress"),
         "{}",
         blocked.text()
     );
-    tokio::time::sleep(Duration::from_secs(blocked.retry_after())).await;
+    tokio::time::sleep(Duration::from_secs(blocked.retry_after_s())).await;
     let mut taken_over = post(&second.url, ALICE, &key, &body).await;
     while taken_over.status == 409 {
         tokio::time::sleep(Duration::from_millis(200)).await;

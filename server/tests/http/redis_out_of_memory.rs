@@ -4,7 +4,8 @@
 //! is an outage to retry after, not a failure of the server: 503
 //! `store_unavailable` with `Retry-After`, never 500.
 
-use crate::common::{ALICE, Backend, Options, TestServer, fresh_key, label_body, order_id, purchases_for};
+use crate::common::{ALICE, Options, TestServer, fresh_key, label_body, order_id, purchases_for};
+use server::config::StoreKind;
 use store_redis::testkit::RedisServer;
 
 /// Bytes of `maxmemory` that every write exceeds.
@@ -26,7 +27,7 @@ async fn redis_out_of_memory_is_503_store_unavailable_for_new_keys_and_replays()
         ],
         ..Options::default()
     };
-    let server = TestServer::start_with(Backend::Embedded, options).await;
+    let server = TestServer::start_with(StoreKind::Embedded, options).await;
     let (done_key, done_order) = (fresh_key(), order_id());
     let done = server
         .post_label(Some(ALICE), Some(&done_key), &label_body(done_order, 1))
@@ -43,12 +44,12 @@ async fn redis_out_of_memory_is_503_store_unavailable_for_new_keys_and_replays()
         .await;
     for (name, reply) in [("new key", &new), ("replay", &replay)] {
         assert_eq!(
-            (reply.status, reply.code().as_str()),
+            (reply.status, reply.problem_code().as_str()),
             (503, "store_unavailable"),
             "{name}: {}",
             reply.text()
         );
-        assert!(reply.retry_after() >= 1, "{name}");
+        assert!(reply.retry_after_s() >= 1, "{name}");
     }
 
     // Nothing was written: with memory again, the replay replays and the

@@ -1,7 +1,7 @@
 //! Every answer carries a request id (the caller's, when it is sane), and
 //! a W3C `traceparent` from the caller reaches the carrier in the same trace.
 
-use crate::common::{ALICE, Backend, Options, TestServer, client, fresh_key, label_body, order_id};
+use crate::common::{ALICE, Options, TestServer, client, fresh_key, label_body, order_id};
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::State;
@@ -9,6 +9,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use server::carrier::{CARRIER_LABELS_PATH, CarrierLabel, CarrierLabelRequest};
+use server::config::StoreKind;
 use std::sync::{Arc, Mutex};
 
 fn is_generated_id(id: &str) -> bool {
@@ -25,7 +26,7 @@ async fn get_with(server: &TestServer, path: &str, request_id: Option<&str>) -> 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_answer_carries_a_request_id_and_a_sane_incoming_one_is_kept() {
-    let server = TestServer::start(Backend::Embedded).await;
+    let server = TestServer::start(StoreKind::Embedded).await;
     // Generated when absent, on answers of every kind.
     for path in ["/healthz", "/v1/labels/nope", "/nowhere", "/metrics"] {
         let response = get_with(&server, path, None).await;
@@ -124,7 +125,7 @@ async fn a_traceparent_reaches_the_carrier_in_the_same_trace() {
         carrier_url: Some(carrier),
         ..Options::default()
     };
-    let server = TestServer::start_with(Backend::Embedded, options).await;
+    let server = TestServer::start_with(StoreKind::Embedded, options).await;
     let incoming = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
     assert_eq!(create(&server, Some(incoming)).await, 201);
     // Invalid ones start a trace of their own, as does none at all.

@@ -2,7 +2,8 @@
 //! JSON (415) and a method a path does not serve (405), both as problem
 //! details, leaving the key free.
 
-use crate::common::{ALICE, Backend, Reply, TestServer, client, fresh_key, label_body, order_id};
+use crate::common::{ALICE, Reply, TestServer, client, fresh_key, label_body, order_id, read_documented};
+use server::config::StoreKind;
 
 async fn post_label_as(server: &TestServer, content_type: Option<&str>, key: &str, body: &str) -> Reply {
     let mut request = client()
@@ -13,17 +14,17 @@ async fn post_label_as(server: &TestServer, content_type: Option<&str>, key: &st
     if let Some(content_type) = content_type {
         request = request.header("content-type", content_type);
     }
-    Reply::read("POST", "/v1/labels", request.send().await.expect("server answers")).await
+    read_documented("POST", "/v1/labels", request.send().await.expect("server answers")).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_body_not_declared_json_is_415_and_the_key_stays_free() {
-    let server = TestServer::start(Backend::Embedded).await;
+    let server = TestServer::start(StoreKind::Embedded).await;
     let (key, body) = (fresh_key(), label_body(order_id(), 1));
     for content_type in [Some("text/plain"), Some("application/x-www-form-urlencoded"), None] {
         let refused = post_label_as(&server, content_type, &key, &body).await;
         assert_eq!(
-            (refused.status, refused.code().as_str()),
+            (refused.status, refused.problem_code().as_str()),
             (415, "unsupported_media_type"),
             "{content_type:?}"
         );
@@ -36,7 +37,7 @@ async fn a_body_not_declared_json_is_415_and_the_key_stays_free() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_method_a_path_does_not_serve_is_405_with_allow() {
-    let server = TestServer::start(Backend::Embedded).await;
+    let server = TestServer::start(StoreKind::Embedded).await;
     for (method, path, allowed) in [
         (reqwest::Method::POST, "/v1/labels/new", "GET,HEAD"),
         (reqwest::Method::GET, "/v1/labels", "POST"),

@@ -12,7 +12,6 @@
 //! about a minute on two cores. `IDEM_SCHEMATHESIS_SEED` replays another
 //! seed (every report prints the one it used).
 
-use crate::process::Process;
 use std::path::Path;
 use std::time::Duration;
 use tokio::process::Command;
@@ -62,7 +61,7 @@ async fn schemathesis_finds_no_answer_the_document_does_not_allow() {
     let seed = std::env::var("IDEM_SCHEMATHESIS_SEED").unwrap_or_else(|_| SEED_DEFAULT.to_string());
     let dir = tempfile::tempdir().unwrap();
     let env = [("IDEM__SERVER__LISTEN", "127.0.0.1:0".to_owned())];
-    let server = Process::start(&[], &env, dir.path()).await;
+    let server = crate::process::start(&[], &env, dir.path()).await;
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut command = Command::new(SCHEMATHESIS_PROGRAM);
     command

@@ -2,7 +2,8 @@
 //! sending), then the listener closes, and the whole of it, requests and
 //! their idempotent work included, stays inside the grace period.
 
-use crate::common::{ALICE, Backend, Options, TestServer, client, fresh_key, label_body, order_id};
+use crate::common::{ALICE, Options, TestServer, client, fresh_key, label_body, order_id};
+use server::config::StoreKind;
 use std::time::{Duration, Instant};
 
 const READINESS_DELAY_MS: u64 = 600;
@@ -15,7 +16,7 @@ async fn readiness_fails_first_then_the_listener_closes_all_within_the_grace_per
         shutdown_readiness_delay_ms: READINESS_DELAY_MS,
         ..Options::default()
     };
-    let server = TestServer::start_with(Backend::Embedded, options).await;
+    let server = TestServer::start_with(StoreKind::Embedded, options).await;
     assert_eq!(server.get("/readyz", None).await.status, 200);
     // A purchase that outlives the grace period holds the shutdown's end.
     server.delay_next_carrier_call(10_000).await;
@@ -38,7 +39,7 @@ async fn readiness_fails_first_then_the_listener_closes_all_within_the_grace_per
     // A fresh connection (a new client) is still accepted, and told "not ready".
     let ready = server.get("/readyz", None).await;
     assert_eq!(
-        (ready.status, ready.code().as_str()),
+        (ready.status, ready.problem_code().as_str()),
         (503, "shutting_down"),
         "{}",
         ready.text()

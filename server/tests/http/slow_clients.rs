@@ -5,7 +5,8 @@
 //! from costing more than `server.connections_max` tasks; other clients are
 //! served all along.
 
-use crate::common::{Backend, Options, TestServer};
+use crate::common::{Options, TestServer};
+use server::config::StoreKind;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -23,7 +24,7 @@ async fn server_with(extra: &[(&str, String)]) -> TestServer {
             .collect(),
         ..Options::default()
     };
-    TestServer::start_with(Backend::Embedded, options).await
+    TestServer::start_with(StoreKind::Embedded, options).await
 }
 
 async fn connect(server: &TestServer) -> TcpStream {

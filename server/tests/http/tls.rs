@@ -12,11 +12,12 @@
 //!   (PostgreSQL with `ssl = on`, Redis with its TLS port), stops the
 //!   binary with exit code 2 and a message naming the hop and the cause.
 
-use crate::common::{ALICE, Backend, Options, TestServer, fresh_key, label_body, order_id};
+use crate::common::{ALICE, Options, TestServer, fresh_key, label_body, order_id};
 use rustls::pki_types::ServerName;
 use rustls::pki_types::pem::PemObject;
 use server::carrier::{CarrierClient, CarrierLabelRequest, CarrierOutcome, CarrierServer};
 use server::config::SimulatorConfig;
+use server::config::StoreKind;
 use server::labels::ShippingService;
 use std::path::Path;
 use std::sync::Arc;
@@ -59,7 +60,7 @@ async fn https_server(certificates: &TestCertificates, extra: &[(&str, String)])
         client_ca_file: Some(certificates.ca_file.clone()),
         ..Options::default()
     };
-    TestServer::start_with(Backend::Embedded, options).await
+    TestServer::start_with(StoreKind::Embedded, options).await
 }
 
 fn address(server: &TestServer) -> String {
@@ -272,7 +273,7 @@ async fn an_https_carrier_is_trusted_through_its_ca_file_and_no_other() {
         )],
         ..Options::default()
     };
-    let server = TestServer::start_with(Backend::Embedded, options).await;
+    let server = TestServer::start_with(StoreKind::Embedded, options).await;
     let created = server
         .post_label(Some(ALICE), Some(&fresh_key()), &label_body(order_id(), 1))
         .await;
@@ -366,7 +367,7 @@ async fn a_wrong_postgres_ca_stops_the_server_at_startup() {
             .collect(),
         ..Options::default()
     };
-    let server = TestServer::start_with(Backend::Embedded, options).await;
+    let server = TestServer::start_with(StoreKind::Embedded, options).await;
     let created = server
         .post_label(Some(ALICE), Some(&fresh_key()), &label_body(order_id(), 1))
         .await;
@@ -404,7 +405,7 @@ async fn a_wrong_redis_ca_stops_the_server_at_startup() {
             .collect(),
         ..Options::default()
     };
-    let server = TestServer::start_with(Backend::Embedded, options).await;
+    let server = TestServer::start_with(StoreKind::Embedded, options).await;
     let created = server
         .post_label(Some(ALICE), Some(&fresh_key()), &label_body(order_id(), 1))
         .await;

@@ -9,12 +9,13 @@
 //! makes the first attempt slow or makes it fail.
 
 use crate::common::{
-    ALICE, Backend, Options, Reply, TestServer, fresh_key, label_body, metric_value, order_id, purchases_for,
+    ALICE, Options, Reply, TestServer, fresh_key, fresh_postgres_url, label_body, metric_value, order_id, pair,
+    purchases_for,
 };
 use server::carrier::{ScriptStep, SimulatedFault};
+use server::config::StoreKind;
 use std::sync::Arc;
 use std::time::Duration;
-use store_postgres::testkit::PostgresServer;
 use store_redis::testkit::{RedisCluster, RedisServer, shared_cluster, shared_server};
 
 /// Requests waiting on the other instance in each case.
@@ -40,7 +41,7 @@ async fn the_configured_per_key_waiter_cap_applies() {
         )],
         ..Options::default()
     };
-    let server = TestServer::start_with(Backend::Embedded, options).await;
+    let server = TestServer::start_with(StoreKind::Embedded, options).await;
     server.delay_next_carrier_call(FIRST_ATTEMPT_MS * 2).await;
     let (key, order) = (fresh_key(), order_id());
     let body = label_body(order, 1);
@@ -61,7 +62,10 @@ async fn the_configured_per_key_waiter_cap_applies() {
     };
     let (first, (waiters, (refused, refused_after))) = tokio::join!(first, rest);
     assert_eq!(first.status, 201, "{}", first.text());
-    assert_eq!((refused.status, refused.code().as_str()), (409, "request_in_progress"));
+    assert_eq!(
+        (refused.status, refused.problem_code().as_str()),
+        (409, "request_in_progress")
+    );
     assert!(
         refused_after < Duration::from_secs(1),
         "refused after {refused_after:?}"
@@ -94,7 +98,7 @@ async fn a_waiter_that_becomes_the_attempt_runs_holding_an_admission_worker() {
         ],
         ..Options::default()
     };
-    let server = TestServer::start_with(Backend::Embedded, options).await;
+    let server = TestServer::start_with(StoreKind::Embedded, options).await;
     let call = |delay_ms, fault| ScriptStep { delay_ms, fault };
     // The carrier's next calls, in order: the first attempt fails after a
     // while (its key is released), the other request is slow, and the
@@ -128,12 +132,15 @@ async fn a_waiter_that_becomes_the_attempt_runs_holding_an_admission_worker() {
         tokio::join!(waiter, others)
     };
     let (first, (waiter, (slow, third))) = tokio::join!(first, rest);
-    assert_eq!((first.status, first.code().as_str()), (503, "downstream_unavailable"));
+    assert_eq!(
+        (first.status, first.problem_code().as_str()),
+        (503, "downstream_unavailable")
+    );
     assert_eq!(waiter.status, 201, "the waiter ran as the attempt: {}", waiter.text());
     assert_eq!(waiter.header("idempotent-replayed"), None);
     assert_eq!(slow.status, 201, "{}", slow.text());
     assert_eq!(
-        (third.status, third.code().as_str()),
+        (third.status, third.problem_code().as_str()),
         (503, "overloaded"),
         "both workers were held: the slow request's and the waiter's run"
     );
@@ -146,19 +153,6 @@ struct SharedStore {
     env: Vec<(String, String)>,
     _redis: Option<Arc<RedisServer>>,
     _cluster: Option<Arc<RedisCluster>>,
-}
-
-fn pair(key: &str, value: impl ToString) -> (String, String) {
-    (key.to_owned(), value.to_string())
-}
-
-/// A fresh PostgreSQL database's URL, as a TOML string.
-async fn fresh_postgres_url() -> String {
-    let database = PostgresServer::shared()
-        .create_database()
-        .await
-        .expect("a PostgreSQL database");
-    format!("\"{}\"", database.url)
 }
 
 impl SharedStore {
@@ -208,7 +202,7 @@ impl SharedStore {
     async fn two_instances(&self) -> (TestServer, TestServer) {
         // The harness's embedded settings are overridden by the store's.
         let first = TestServer::start_with(
-            Backend::Embedded,
+            StoreKind::Embedded,
             Options {
                 extra_env: self.env.clone(),
                 ..Options::default()
@@ -216,7 +210,7 @@ impl SharedStore {
         )
         .await;
         let second = TestServer::start_with(
-            Backend::Embedded,
+            StoreKind::Embedded,
             Options {
                 extra_env: self.env.clone(),
                 carrier_url: Some(first.carrier.clone()),
@@ -323,7 +317,10 @@ async fn when_the_attempt_on_one_instance_releases_one_waiter_on_the_other_runs(
     let (key, order) = (fresh_key(), order_id());
     let body = label_body(order, 1);
     let (first, waiters) = first_and_waiters(first_instance, second_instance, &key, &body).await;
-    assert_eq!((first.status, first.code().as_str()), (503, "downstream_unavailable"));
+    assert_eq!(
+        (first.status, first.problem_code().as_str()),
+        (503, "downstream_unavailable")
+    );
     let ran: Vec<&Reply> = waiters
         .iter()
         .filter(|waiter| waiter.header("idempotent-replayed").is_none())

@@ -10,12 +10,13 @@
 //!
 //! `IDEM_AMBIGUOUS_CREATES` sets the number of creates (CI default 1,000).
 
-use crate::support::backends::{Backend, BackendSetup};
+use crate::support::backends::BackendSetup;
 use crate::support::service::{Service, ServiceOptions};
 use crate::support::{
     ALICE_ID, LabelPost, Reply, client, derived_key, label_body, metric_value, scaled, seed, unique_order_id,
 };
 use futures::StreamExt;
+use server::config::StoreKind;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 use store_core::{CallerId, IdempotencyKey, RecordState};
@@ -57,7 +58,7 @@ async fn unknown_commit_results_give_no_duplicate_effect_and_no_lost_completion(
         seed: seed("ambiguity"),
         ..FaultPlan::default()
     };
-    let setup = BackendSetup::start(Backend::Embedded).await;
+    let setup = BackendSetup::start(StoreKind::Embedded).await;
     let options = ServiceOptions {
         faults,
         ..ServiceOptions::default()

@@ -6,12 +6,13 @@
 //! was left in the record store, nothing was bought, no label was written.
 //! Then random bytes as keys and bodies: never a 500.
 
-use crate::support::backends::{Backend, BackendSetup};
+use crate::support::backends::BackendSetup;
 use crate::support::service::{Service, ServiceOptions};
 use crate::support::{ALICE, ALICE_ID, LabelPost, client, derived_key, label_body, scaled, seed, unique_order_id};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use server::config::BODY_BYTES_MAX;
+use server::config::StoreKind;
 use store_core::{CallerId, IdempotencyKey, RecordState};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -118,7 +119,7 @@ fn cases() -> Vec<Case> {
     ]
 }
 
-async fn bad_input(backend: Backend) {
+async fn bad_input(backend: StoreKind) {
     let setup = BackendSetup::start(backend).await;
     let service = Service::start(&setup, ServiceOptions::default()).await;
     let http = client();
@@ -222,17 +223,17 @@ async fn raw_request_status(base: &str, key: &str) -> u16 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_is_refused_and_leaves_nothing_behind_embedded() {
-    bad_input(Backend::Embedded).await;
+    bad_input(StoreKind::Embedded).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_is_refused_and_leaves_nothing_behind_redis() {
-    bad_input(Backend::Redis).await;
+    bad_input(StoreKind::Redis).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_is_refused_and_leaves_nothing_behind_postgres() {
-    bad_input(Backend::Postgres).await;
+    bad_input(StoreKind::Postgres).await;
 }
 
 /// Bytes a header value may carry (visible ASCII, space, tab, obs-text).
@@ -291,7 +292,7 @@ fn random_body(rng: &mut StdRng) -> Vec<u8> {
 async fn random_keys_and_bodies_never_get_a_server_error() {
     let requests = scaled("IDEM_FUZZ_REQUESTS", FUZZ_REQUESTS_CI_DEFAULT);
     let mut rng = StdRng::seed_from_u64(seed("bad_input_fuzz"));
-    let setup = BackendSetup::start(Backend::Embedded).await;
+    let setup = BackendSetup::start(StoreKind::Embedded).await;
     let service = Service::start(&setup, ServiceOptions::default()).await;
     let http = client();
     let mut by_status = std::collections::BTreeMap::new();

@@ -20,15 +20,16 @@
 //! FoundationDB, whose suites run apart, in scripts/test-foundationdb).
 
 use crate::support::audit::{LabelCensus, census_postgres, open_embedded_at};
-use crate::support::backends::{Backend, BackendSetup, pair};
-use crate::support::process::ServerProcess;
+use crate::support::backends::{BackendSetup, pair};
+use crate::support::process::{ServerProcess, start_carrier, start_server};
 use crate::support::{
     ALICE_ID, LabelPost, Reply, callers_env, client, derived_key, label_body, metric_value, metrics_text, scaled, seed,
     unique_order_id,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use server::carrier::{CARRIER_STATS_PATH, CarrierStats};
+use server::carrier::{CarrierStats, read_stats};
+use server::config::StoreKind;
 use server::failpoints;
 use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
@@ -39,10 +40,10 @@ pub const CRASHES_CI_DEFAULT: usize = 30;
 #[cfg(feature = "foundationdb")]
 pub const CRASHES_FOUNDATIONDB_CI_DEFAULT: usize = 50;
 
-fn crashes_ci_default(backend: Backend) -> usize {
+fn crashes_ci_default(backend: StoreKind) -> usize {
     match backend {
         #[cfg(feature = "foundationdb")]
-        Backend::Foundationdb => CRASHES_FOUNDATIONDB_CI_DEFAULT,
+        StoreKind::Foundationdb => CRASHES_FOUNDATIONDB_CI_DEFAULT,
         _ => CRASHES_CI_DEFAULT,
     }
 }
@@ -127,7 +128,7 @@ impl Driver {
         let sent = post.send(&self.http, &url);
         tokio::select! {
             reply = sent => Attempt::Answered(reply.expect("the server answers while it is not killed")),
-            Some(point) = process.wait_for_failpoint(Duration::from_secs(3600)) => Attempt::Crashed(point),
+            Some(point) = process.wait_for_marked_line(Duration::from_secs(3600)) => Attempt::Crashed(point),
         }
     }
 
@@ -218,7 +219,7 @@ impl Driver {
             assert_eq!(replay.body, first.body, "the replay differs from the answer given");
         }
         self.read_counters(&process).await;
-        let status = process.terminate().await;
+        let status = process.terminate().await.0;
         assert!(status.success(), "the last process stops cleanly");
     }
 }
@@ -236,44 +237,30 @@ fn server_env(setup: &BackendSetup, carrier_url: &str) -> Vec<(String, String)> 
 }
 
 async fn carrier_stats(http: &reqwest::Client, carrier_url: &str) -> CarrierStats {
-    let response = http
-        .get(format!("{carrier_url}{CARRIER_STATS_PATH}"))
-        .send()
-        .await
-        .expect("stats");
-    response.json().await.expect("stats JSON")
+    read_stats(http, carrier_url).await.expect("carrier stats")
 }
 
 async fn census(setup: &BackendSetup) -> LabelCensus {
     match setup.backend {
-        Backend::Postgres => census_postgres(setup.postgres_url.as_deref().expect("url")).await,
-        Backend::Embedded | Backend::Redis => {
+        StoreKind::Postgres => census_postgres(setup.postgres_url.as_deref().expect("url")).await,
+        StoreKind::Embedded | StoreKind::Redis => {
             let store = open_embedded_at(&setup.embedded_path());
             crate::support::audit::census_embedded(&store).await
         }
         #[cfg(feature = "foundationdb")]
-        Backend::Foundationdb => {
+        StoreKind::Foundationdb => {
             let store = crate::support::backends::open_foundationdb(setup, store_core::Policy::default()).await;
-            crate::support::audit::census_embedded(&store).await
+            crate::support::audit::census_embedded(store.as_ref()).await
         }
+        other => panic!("the crash tests do not run on {other}"),
     }
 }
 
-async fn crash_run(backend: Backend) {
+async fn crash_run(backend: StoreKind) {
     let crashes = scaled("IDEM_CRASHES", crashes_ci_default(backend));
     let mut rng = StdRng::seed_from_u64(seed(&format!("crash_{}", backend.name())));
     let setup = BackendSetup::start(backend).await;
-    let carrier_env = [
-        pair("IDEM__CARRIER__SIMULATOR__LATENCY_MS_MIN", 0),
-        pair("IDEM__CARRIER__SIMULATOR__LATENCY_MS_MAX", 2),
-    ];
-    let carrier = ServerProcess::start(
-        &["carrier", "--listen", "127.0.0.1:0"],
-        &carrier_env,
-        None,
-        setup.data.path(),
-    )
-    .await;
+    let carrier = start_carrier((0, 2), 0.0, setup.data.path()).await;
     let env = server_env(&setup, &carrier.url);
     let mut driver = Driver {
         http: client(),
@@ -289,19 +276,19 @@ async fn crash_run(backend: Backend) {
         // parcels as well as over the recovery of the crashed one.
         let passes = rng.random_range(0..=PASSES_BEFORE_CRASH_MAX);
         let failpoints_setting = format!("{point}={passes}*off->return");
-        let process = ServerProcess::start(&[], &env, Some(&failpoints_setting), setup.data.path()).await;
+        let process = start_server(&[], &env, Some(&failpoints_setting), setup.data.path()).await;
         driver.crash_one(process).await;
     }
     driver
-        .finish(ServerProcess::start(&[], &env, None, setup.data.path()).await)
+        .finish(start_server(&[], &env, None, setup.data.path()).await)
         .await;
     let stats = carrier_stats(&driver.http, &carrier.url).await;
-    let _ = carrier.terminate().await;
+    let _ = carrier.terminate().await.0;
     let census = census(&setup).await;
     judge(backend, &mut driver, &stats, &census, started.elapsed());
 }
 
-fn judge(backend: Backend, driver: &mut Driver, stats: &CarrierStats, census: &LabelCensus, took: Duration) {
+fn judge(backend: StoreKind, driver: &mut Driver, stats: &CarrierStats, census: &LabelCensus, took: Duration) {
     let figures = &mut driver.figures;
     for parcel in &driver.done {
         let answered = parcel.answer.as_ref().expect("answered").label_id();
@@ -347,7 +334,7 @@ fn judge(backend: Backend, driver: &mut Driver, stats: &CarrierStats, census: &L
         stats.purchases_total as usize, figures.parcels,
         "one purchase per parcel"
     );
-    if backend != Backend::Redis {
+    if backend != StoreKind::Redis {
         // The label and the record commit together, so no crash can leave a
         // label without its record for a retry to find.
         assert_eq!(figures.retries_reaching_label_uniqueness, 0.0);
@@ -356,21 +343,21 @@ fn judge(backend: Backend, driver: &mut Driver, stats: &CarrierStats, census: &L
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crashes_at_every_step_lose_nothing_and_buy_nothing_twice_embedded() {
-    crash_run(Backend::Embedded).await;
+    crash_run(StoreKind::Embedded).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crashes_at_every_step_lose_nothing_and_buy_nothing_twice_redis() {
-    crash_run(Backend::Redis).await;
+    crash_run(StoreKind::Redis).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crashes_at_every_step_lose_nothing_and_buy_nothing_twice_postgres() {
-    crash_run(Backend::Postgres).await;
+    crash_run(StoreKind::Postgres).await;
 }
 
 #[cfg(feature = "foundationdb")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crashes_at_every_step_lose_nothing_and_buy_nothing_twice_foundationdb() {
-    crash_run(Backend::Foundationdb).await;
+    crash_run(StoreKind::Foundationdb).await;
 }

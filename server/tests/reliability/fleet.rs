@@ -16,12 +16,12 @@
 
 use crate::support::audit::census_postgres;
 use crate::support::backends::{durable_redis, fresh_database, pair};
-use crate::support::process::ServerProcess;
+use crate::support::process::{ServerProcess, start_carrier, start_server};
 use crate::support::{
     ALICE, ALICE_ID, LabelPost, callers_env, client, derived_key, label_body, scaled, unique_order_id,
 };
 use futures::StreamExt;
-use server::carrier::{CARRIER_STATS_PATH, CarrierStats};
+use server::carrier::read_stats;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -144,12 +144,7 @@ async fn fleet_run(combination: Combination) {
     let intents = scaled("IDEM_FLEET_INTENTS", FLEET_INTENTS_CI_DEFAULT);
     let store = SharedStore::start(combination).await;
     let dir = tempfile::tempdir().expect("temporary directory");
-    let carrier_env = [
-        pair("IDEM__CARRIER__SIMULATOR__LATENCY_MS_MIN", 0),
-        pair("IDEM__CARRIER__SIMULATOR__LATENCY_MS_MAX", 2),
-        pair("IDEM__CARRIER__SIMULATOR__LOST_REPLY_RATE", LOST_REPLY_RATE),
-    ];
-    let carrier = ServerProcess::start(&["carrier", "--listen", "127.0.0.1:0"], &carrier_env, None, dir.path()).await;
+    let carrier = start_carrier((0, 2), LOST_REPLY_RATE, dir.path()).await;
     let mut env = store.env.clone();
     env.extend([
         pair("IDEM__SERVER__LISTEN", "127.0.0.1:0"),
@@ -160,7 +155,7 @@ async fn fleet_run(combination: Combination) {
     ]);
     let mut instances = Vec::new();
     for _ in 0..INSTANCES {
-        instances.push(ServerProcess::start(&[], &env, None, dir.path()).await);
+        instances.push(start_server(&[], &env, None, dir.path()).await);
     }
     let urls: Urls = Arc::new(RwLock::new(
         instances.iter().map(|process| process.url.clone()).collect(),
@@ -194,16 +189,16 @@ async fn fleet_run(combination: Combination) {
     let victim = instances.remove(1);
     victim.kill().await;
     tokio::time::sleep(Duration::from_millis(DOWN_MS)).await;
-    let restarted = ServerProcess::start(&[], &env, None, dir.path()).await;
+    let restarted = start_server(&[], &env, None, dir.path()).await;
     urls.write().await[1] = restarted.url.clone();
     instances.insert(1, restarted);
     let answered = load.await.expect("the load finishes");
     audit(combination, &http, &store, &carrier, &instances, &answered).await;
     for instance in instances {
-        let status = instance.terminate().await;
+        let status = instance.terminate().await.0;
         assert!(status.success(), "{combination:?}: an instance did not stop cleanly");
     }
-    let _ = carrier.terminate().await;
+    let _ = carrier.terminate().await.0;
 }
 
 async fn audit(
@@ -215,14 +210,7 @@ async fn audit(
     answered: &[Answered],
 ) {
     let census = census_postgres(&store.postgres_url).await;
-    let stats: CarrierStats = http
-        .get(format!("{}{CARRIER_STATS_PATH}", carrier.url))
-        .send()
-        .await
-        .expect("carrier stats")
-        .json()
-        .await
-        .expect("carrier stats JSON");
+    let stats = read_stats(http, &carrier.url).await.expect("carrier stats");
     let mut two_labels = 0;
     for intent in answered {
         let stored = census.labels_of(ALICE_ID, intent.order_id, 1);
@@ -313,7 +301,7 @@ async fn a_second_process_on_one_embedded_store_is_refused() {
         pair("IDEM__SERVER__LISTEN", "127.0.0.1:0"),
         pair("IDEM__CALLERS", callers_env()),
     ];
-    let first = ServerProcess::start(&[], &env, None, dir.path()).await;
+    let first = start_server(&[], &env, None, dir.path()).await;
     let second = tokio::process::Command::new(env!("CARGO_BIN_EXE_server"))
         .envs(env.iter().map(|(name, value)| (name, value)))
         .env_remove("RUST_LOG")
@@ -336,6 +324,6 @@ async fn a_second_process_on_one_embedded_store_is_refused() {
         said.to_lowercase().contains("lock"),
         "the refusal does not say the store is locked by another process:\n{said}"
     );
-    let status = first.terminate().await;
+    let status = first.terminate().await.0;
     assert!(status.success());
 }

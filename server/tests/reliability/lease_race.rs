@@ -21,13 +21,14 @@
 //! servers' clocks, so there the test waits (ARCHITECTURE.md, "Which clock
 //! decides lease expiry").
 
-use crate::support::backends::{Backend, BackendSetup};
+use crate::support::backends::BackendSetup;
 use crate::support::service::{Service, ServiceOptions};
 use crate::support::{
     ALICE_ID, LabelPost, client, counters_exclusive, derived_key, label_body, metric_value, metrics_text,
     unique_order_id,
 };
 use server::config::SimulatorConfig;
+use server::config::StoreKind;
 use server::labels::{Label, ShippingService, StoredLabel};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -55,8 +56,8 @@ enum LeaseTime {
 }
 
 impl LeaseTime {
-    fn for_backend(backend: Backend) -> Self {
-        if backend == Backend::Embedded {
+    fn for_backend(backend: StoreKind) -> Self {
+        if backend == StoreKind::Embedded {
             Self::Manual(ManualClock::starting_now())
         } else {
             Self::Wall
@@ -122,7 +123,7 @@ async fn until_a_waits_past_its_lease(lease_time: &LeaseTime, service: &Service,
     }
 }
 
-async fn slow_carrier_race(backend: Backend) {
+async fn slow_carrier_race(backend: StoreKind) {
     let setup = BackendSetup::start(backend).await;
     let lease_time = LeaseTime::for_backend(backend);
     let service = Service::start(&setup, racing_options(lease_time.clock())).await;
@@ -170,7 +171,7 @@ async fn slow_carrier_race(backend: Backend) {
     // Atomic backends wrote nothing for A, so C asks the carrier again and
     // gets A's sale replayed; with Redis, A's label committed before its
     // record was refused, and C finds it at the label store instead.
-    let expected_replays = if backend == Backend::Redis { 0 } else { 1 };
+    let expected_replays = if backend == StoreKind::Redis { 0 } else { 1 };
     assert_eq!(
         (stats.purchases_total, stats.deduplicated_repeats),
         (1, expected_replays),
@@ -189,7 +190,7 @@ async fn slow_carrier_race(backend: Backend) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_carrier_slower_than_the_lease_ends_with_one_label_and_the_stale_completion_refused() {
     let _counters = counters_exclusive().await;
-    for backend in Backend::ALL {
+    for backend in StoreKind::SELF_STARTED {
         slow_carrier_race(backend).await;
     }
 }
@@ -221,7 +222,7 @@ async fn claim(service: &Service, request: &ClaimRequest) -> HeldLease {
 
 /// A takes the key, its lease ends, B takes it over; A's commit comes
 /// before B's (`stale_first`) or after it.
-async fn stale_commit_is_refused(backend: Backend, stale_first: bool) {
+async fn stale_commit_is_refused(backend: StoreKind, stale_first: bool) {
     let setup = BackendSetup::start(backend).await;
     let lease_time = LeaseTime::for_backend(backend);
     let lease_ms = 100;
@@ -269,7 +270,7 @@ async fn stale_commit_is_refused(backend: Backend, stale_first: bool) {
     // Only Redis, whose label commits before its record, can keep the stale
     // attempt's label (the winner then answers with it); atomic backends
     // never write anything for a refused commit.
-    let expected = if backend == Backend::Redis && stale_first {
+    let expected = if backend == StoreKind::Redis && stale_first {
         &label_a
     } else {
         &label_b
@@ -282,7 +283,7 @@ async fn stale_commit_is_refused(backend: Backend, stale_first: bool) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stale_lease_cannot_commit_at_the_label_store() {
-    for backend in Backend::ALL {
+    for backend in StoreKind::SELF_STARTED {
         for stale_first in [true, false] {
             stale_commit_is_refused(backend, stale_first).await;
         }

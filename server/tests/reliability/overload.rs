@@ -7,9 +7,10 @@
 //! memory (VmRSS from /proc) must stay under a stated bound, and the rate of
 //! admitted creates must hold near the baseline.
 
-use crate::support::backends::{Backend, BackendSetup, pair};
-use crate::support::process::ServerProcess;
+use crate::support::backends::{BackendSetup, pair};
+use crate::support::process::{ServerProcess, start_carrier, start_server};
 use crate::support::{LabelPost, callers_env, derived_key, label_body, unique_order_id};
+use server::config::StoreKind;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -106,18 +107,8 @@ fn percentile_99(latencies: &Mutex<Vec<u128>>) -> u128 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_times_the_in_flight_cap_is_shed_fast_in_bounded_memory_and_throughput_holds() {
-    let setup = BackendSetup::start(Backend::Embedded).await;
-    let carrier_env = [
-        pair("IDEM__CARRIER__SIMULATOR__LATENCY_MS_MIN", CARRIER_LATENCY_MS),
-        pair("IDEM__CARRIER__SIMULATOR__LATENCY_MS_MAX", CARRIER_LATENCY_MS),
-    ];
-    let carrier = ServerProcess::start(
-        &["carrier", "--listen", "127.0.0.1:0"],
-        &carrier_env,
-        None,
-        setup.data.path(),
-    )
-    .await;
+    let setup = BackendSetup::start(StoreKind::Embedded).await;
+    let carrier = start_carrier((CARRIER_LATENCY_MS, CARRIER_LATENCY_MS), 0.0, setup.data.path()).await;
     let mut env = setup.env();
     env.extend([
         pair("IDEM__SERVER__LISTEN", "127.0.0.1:0"),
@@ -125,7 +116,7 @@ async fn ten_times_the_in_flight_cap_is_shed_fast_in_bounded_memory_and_throughp
         pair("IDEM__CALLERS", callers_env()),
         pair("IDEM__CARRIER__URL", &carrier.url),
     ]);
-    let server = ServerProcess::start(&[], &env, None, setup.data.path()).await;
+    let server = start_server(&[], &env, None, setup.data.path()).await;
     let peak_kib = AtomicU64::new(0);
     let baseline = run_phase(&server, IN_FLIGHT_MAX, &peak_kib).await;
     let baseline_peak_kib = peak_kib.swap(0, Ordering::Relaxed);
@@ -167,6 +158,6 @@ async fn ten_times_the_in_flight_cap_is_shed_fast_in_bounded_memory_and_throughp
         overload_rate >= baseline_rate * THROUGHPUT_HELD_SHARE_MIN,
         "admitted {overload_rate:.0}/s under overload against {baseline_rate:.0}/s at the cap"
     );
-    let _ = server.terminate().await;
-    let _ = carrier.terminate().await;
+    let _ = server.terminate().await.0;
+    let _ = carrier.terminate().await.0;
 }

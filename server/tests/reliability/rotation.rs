@@ -4,10 +4,11 @@
 //! before the rotation (old token only), during it (new token, old one
 //! retiring), after it (new token only).
 
-use crate::support::backends::{Backend, BackendSetup, pair};
-use crate::support::process::ServerProcess;
+use crate::support::backends::{BackendSetup, pair};
+use crate::support::process::start_server;
 use crate::support::{LabelPost, client, derived_key, label_body, unique_order_id};
-use server::carrier::{CARRIER_STATS_PATH, CarrierStats};
+use server::carrier::read_stats;
+use server::config::StoreKind;
 use server::config::token_sha256;
 
 const OLD_TOKEN: &str = "fulfilment-token-2026-11";
@@ -25,8 +26,8 @@ fn callers(current: &str, retiring: Option<&str>) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retry_across_a_token_rotation_replays_and_buys_nothing_again() {
-    let setup = BackendSetup::start(Backend::Embedded).await;
-    let carrier = ServerProcess::start(&["carrier", "--listen", "127.0.0.1:0"], &[], None, setup.data.path()).await;
+    let setup = BackendSetup::start(StoreKind::Embedded).await;
+    let carrier = start_server(&["carrier", "--listen", "127.0.0.1:0"], &[], None, setup.data.path()).await;
     let http = client();
     let order_id = unique_order_id();
     let (key, body) = (derived_key(order_id, 1), label_body(order_id, 1));
@@ -50,13 +51,13 @@ async fn a_retry_across_a_token_rotation_replays_and_buys_nothing_again() {
             pair("IDEM__CARRIER__URL", &carrier.url),
         ]);
         let dir = setup.data.path().to_owned();
-        async move { ServerProcess::start(&[], &env, None, &dir).await }
+        async move { start_server(&[], &env, None, &dir).await }
     };
 
     let before = start(callers(OLD_TOKEN, None)).await;
     let first = post(OLD_TOKEN, before.url.clone()).await;
     assert_eq!((first.status, first.is_replay()), (201, false), "{}", first.text());
-    assert!(before.terminate().await.success());
+    assert!(before.terminate().await.0.success());
 
     let during = start(callers(NEW_TOKEN, Some(OLD_TOKEN))).await;
     for token in [NEW_TOKEN, OLD_TOKEN] {
@@ -72,7 +73,7 @@ async fn a_retry_across_a_token_rotation_replays_and_buys_nothing_again() {
             "{token}: the replay differs from the first answer"
         );
     }
-    assert!(during.terminate().await.success());
+    assert!(during.terminate().await.0.success());
 
     let after = start(callers(NEW_TOKEN, None)).await;
     assert_eq!(
@@ -82,16 +83,9 @@ async fn a_retry_across_a_token_rotation_replays_and_buys_nothing_again() {
     );
     let retry = post(NEW_TOKEN, after.url.clone()).await;
     assert_eq!((retry.status, retry.body.clone()), (201, first.body.clone()));
-    assert!(after.terminate().await.success());
+    assert!(after.terminate().await.0.success());
 
-    let stats: CarrierStats = http
-        .get(format!("{}{CARRIER_STATS_PATH}", carrier.url))
-        .send()
-        .await
-        .expect("stats")
-        .json()
-        .await
-        .expect("stats JSON");
+    let stats = read_stats(&http, &carrier.url).await.expect("carrier stats");
     assert_eq!(stats.purchases_total, 1, "{stats:?}");
-    let _ = carrier.terminate().await;
+    let _ = carrier.terminate().await.0;
 }

@@ -14,14 +14,15 @@
 //! purchase.
 
 use crate::support::audit::{LabelCensus, census_embedded, open_embedded_at};
-use crate::support::backends::{Backend, BackendSetup, fresh_database, pair};
-use crate::support::process::ServerProcess;
+use crate::support::backends::{BackendSetup, fresh_database, pair};
+use crate::support::process::start_server;
 use crate::support::service::{Service, ServiceOptions};
 use crate::support::{
     ALICE_ID, LabelPost, Reply, callers_env, client, derived_key, label_body, metric_value, metrics_text,
     unique_order_id,
 };
-use server::carrier::{CARRIER_STATS_PATH, CarrierStats};
+use server::carrier::{CarrierStats, read_stats};
+use server::config::StoreKind;
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -194,7 +195,7 @@ async fn readiness(base: &str) -> u16 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_frozen_then_killed_mid_run_is_503_and_the_service_recovers_by_itself() {
-    let mut setup = BackendSetup::start(Backend::Redis).await;
+    let mut setup = BackendSetup::start(StoreKind::Redis).await;
     let service = Service::start(&setup, fault_options()).await;
     let redis = setup.redis.as_mut().expect("redis");
     let freeze = async {
@@ -292,8 +293,8 @@ fn start_postgres_again(server: &PostgresServer) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_stopped_mid_run_is_503_and_the_service_recovers_by_itself() {
     let postgres = PostgresServer::start().expect("a PostgreSQL server of this test's own");
-    let mut setup = BackendSetup::start(Backend::Embedded).await;
-    setup.backend = Backend::Postgres;
+    let mut setup = BackendSetup::start(StoreKind::Embedded).await;
+    setup.backend = StoreKind::Postgres;
     let url = fresh_database(&postgres).await;
     make_commits_survive_a_server_crash(&url).await;
     setup.postgres_url = Some(url);
@@ -377,10 +378,10 @@ impl Drop for SmallDisk {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_disk_under_the_embedded_store_is_503_and_the_service_recovers_by_itself() {
     let disk = SmallDisk::mount();
-    let mut setup = BackendSetup::start(Backend::Embedded).await;
+    let mut setup = BackendSetup::start(StoreKind::Embedded).await;
     setup.data = tempfile::tempdir_in(disk.path()).expect("data directory on the small disk");
     let work = tempfile::tempdir().expect("working directory");
-    let carrier = ServerProcess::start(&["carrier", "--listen", "127.0.0.1:0"], &[], None, work.path()).await;
+    let carrier = start_server(&["carrier", "--listen", "127.0.0.1:0"], &[], None, work.path()).await;
     let mut env = setup.env();
     env.extend([
         pair("IDEM__SERVER__LISTEN", "127.0.0.1:0"),
@@ -390,7 +391,7 @@ async fn a_full_disk_under_the_embedded_store_is_503_and_the_service_recovers_by
         pair("IDEM__CARRIER__TIMEOUT_MS", 1_000),
         pair("IDEM__CARRIER__URL", &carrier.url),
     ]);
-    let server = ServerProcess::start(&[], &env, None, work.path()).await;
+    let server = start_server(&[], &env, None, work.path()).await;
     let outage = async {
         tokio::time::sleep(Duration::from_millis(300)).await;
         let ballast = tokio::task::block_in_place(|| disk.fill());
@@ -407,15 +408,8 @@ async fn a_full_disk_under_the_embedded_store_is_503_and_the_service_recovers_by
     let exposition = metrics_text(&client(), &server.url).await;
     let reopens = metric_value(&exposition, "idem_embedded_reopens_total", &[]);
     assert!(reopens >= 1.0, "the reopen is counted: {reopens}");
-    let _ = server.terminate().await;
-    let stats: CarrierStats = client()
-        .get(format!("{}{CARRIER_STATS_PATH}", carrier.url))
-        .send()
-        .await
-        .expect("stats")
-        .json()
-        .await
-        .expect("stats JSON");
+    let _ = server.terminate().await.0;
+    let stats = read_stats(&client(), &carrier.url).await.expect("carrier stats");
     let census = census_embedded(&open_embedded_at(&setup.embedded_path())).await;
     let summary = judge_outage("embedded", &census, &stats, &orders, &log);
     eprintln!("{summary} (disk full, freed)");

@@ -8,11 +8,12 @@
 //!
 //! `IDEM_STORM_REQUESTS` sets the number of requests (CI default 1,000).
 
-use crate::support::backends::{Backend, BackendSetup};
+use crate::support::backends::BackendSetup;
 use crate::support::service::{Service, ServiceOptions};
 use crate::support::{ALICE_ID, LabelPost, Reply, derived_key, label_body, scaled, unique_order_id};
 use server::admission::AdmissionConfig;
 use server::config::SimulatorConfig;
+use server::config::StoreKind;
 use std::time::{Duration, Instant};
 
 /// Requests when `IDEM_STORM_REQUESTS` is not set.
@@ -43,7 +44,7 @@ async fn open_connections(http: &reqwest::Client, base: &str, requests: usize) {
     }
 }
 
-async fn storm(backend: Backend) {
+async fn storm(backend: StoreKind) {
     let requests = scaled("IDEM_STORM_REQUESTS", STORM_REQUESTS_CI_DEFAULT);
     let setup = BackendSetup::start(backend).await;
     let options = ServiceOptions {
@@ -113,23 +114,23 @@ async fn storm(backend: Backend) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_storm_on_one_key_buys_one_label_embedded() {
-    storm(Backend::Embedded).await;
+    storm(StoreKind::Embedded).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_storm_on_one_key_buys_one_label_redis() {
-    storm(Backend::Redis).await;
+    storm(StoreKind::Redis).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_storm_on_one_key_buys_one_label_postgres() {
-    storm(Backend::Postgres).await;
+    storm(StoreKind::Postgres).await;
 }
 
 #[cfg(feature = "foundationdb")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_storm_on_one_key_buys_one_label_foundationdb() {
-    storm(Backend::Foundationdb).await;
+    storm(StoreKind::Foundationdb).await;
 }
 
 /// Requests for one parcel, each with a key of its own, sent at once.
@@ -140,7 +141,7 @@ const PARCEL_STORM_REQUESTS: usize = 50;
 /// every request ends with it. Every answer is that label (201) or a 503
 /// `downstream_unavailable` (its carrier call met the first one in flight);
 /// retried with the same key, each of those gets the label too.
-async fn many_keys_one_parcel(backend: Backend) {
+async fn many_keys_one_parcel(backend: StoreKind) {
     let setup = BackendSetup::start(backend).await;
     let options = ServiceOptions {
         simulator: SimulatorConfig {
@@ -196,21 +197,21 @@ async fn many_keys_one_parcel(backend: Backend) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_keys_for_one_parcel_buy_one_label_embedded() {
-    many_keys_one_parcel(Backend::Embedded).await;
+    many_keys_one_parcel(StoreKind::Embedded).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_keys_for_one_parcel_buy_one_label_redis() {
-    many_keys_one_parcel(Backend::Redis).await;
+    many_keys_one_parcel(StoreKind::Redis).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_keys_for_one_parcel_buy_one_label_postgres() {
-    many_keys_one_parcel(Backend::Postgres).await;
+    many_keys_one_parcel(StoreKind::Postgres).await;
 }
 
 #[cfg(feature = "foundationdb")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_keys_for_one_parcel_buy_one_label_foundationdb() {
-    many_keys_one_parcel(Backend::Foundationdb).await;
+    many_keys_one_parcel(StoreKind::Foundationdb).await;
 }

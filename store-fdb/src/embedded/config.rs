@@ -4,10 +4,17 @@
 
 use super::faults::FaultPlan;
 use fjall::PersistMode;
+use serde::Deserialize;
 use std::path::PathBuf;
 
-/// When a commit counts as done.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// The directory of a store opened without one named (the server's
+/// `store.embedded.path` default), relative to the working directory.
+pub const DATA_DIR_DEFAULT: &str = "./data";
+
+/// When a commit counts as done. In a config file: `sync_data`, `sync_all`,
+/// `buffer`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Durability {
     /// fdatasync the journal before acknowledging: survives power loss.
     #[default]
@@ -30,15 +37,31 @@ impl Durability {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// What the engine is opened with. The server reads it from its config's
+/// `[store.embedded]` section (`path`, `durability` and the sizes, flat);
+/// the fault plan and `temporary` are for code only.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
 pub struct EmbeddedConfig {
     pub path: PathBuf,
     pub durability: Durability,
+    #[serde(skip)]
     pub faults: FaultPlan,
     /// Delete the directory when the engine is dropped (tests, benchmarks).
+    #[serde(skip)]
     pub temporary: bool,
-    /// fjall's memory and journal sizes.
+    /// fjall's memory and journal sizes, written beside `path` in a config
+    /// file. serde's `flatten` with `deny_unknown_fields` works for one
+    /// flattened struct of plain fields, as here (the config tests refuse a
+    /// misspelt size).
+    #[serde(flatten)]
     pub sizes: EmbeddedSizes,
+}
+
+impl Default for EmbeddedConfig {
+    fn default() -> Self {
+        Self::new(DATA_DIR_DEFAULT)
+    }
 }
 
 /// fjall's block cache: read blocks of flushed tables. Records live a day
@@ -66,7 +89,8 @@ pub const JOURNAL_BYTES_MAX_MIN: u64 = 64 * 1024 * 1024;
 pub const EMBEDDED_SIZE_BYTES_LIMIT: u64 = 64 * 1024 * 1024 * 1024;
 
 /// The embedded engine's memory and journal sizes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(default)]
 pub struct EmbeddedSizes {
     pub cache_bytes: u64,
     pub memtable_bytes: u64,

@@ -20,8 +20,8 @@ mod retry;
 mod transaction;
 
 pub use config::{
-    CACHE_BYTES_DEFAULT, CACHE_BYTES_MIN, Durability, EMBEDDED_SIZE_BYTES_LIMIT, EmbeddedConfig, EmbeddedSizes,
-    JOURNAL_BYTES_MAX_DEFAULT, JOURNAL_BYTES_MAX_MIN, MEMTABLE_BYTES_DEFAULT, MEMTABLE_BYTES_MIN,
+    CACHE_BYTES_DEFAULT, CACHE_BYTES_MIN, DATA_DIR_DEFAULT, Durability, EMBEDDED_SIZE_BYTES_LIMIT, EmbeddedConfig,
+    EmbeddedSizes, JOURNAL_BYTES_MAX_DEFAULT, JOURNAL_BYTES_MAX_MIN, MEMTABLE_BYTES_DEFAULT, MEMTABLE_BYTES_MIN,
 };
 pub use faults::{FaultCounters, FaultPlan};
 pub use transaction::EmbeddedTx;

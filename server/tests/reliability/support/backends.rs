@@ -5,43 +5,21 @@
 //! `foundationdb` feature) a key prefix of the test's own on the FoundationDB
 //! cluster `FDB_CLUSTER_FILE` names, which scripts/test-foundationdb starts.
 
+use server::config::StoreKind;
 use std::path::PathBuf;
 use store_postgres::testkit::PostgresServer;
 use store_redis::testkit::RedisServer;
 use tempfile::TempDir;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Backend {
-    Embedded,
-    Redis,
-    Postgres,
-    #[cfg(feature = "foundationdb")]
-    Foundationdb,
-}
-
-impl Backend {
-    pub const ALL: [Backend; 3] = [Backend::Embedded, Backend::Redis, Backend::Postgres];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Backend::Embedded => "embedded",
-            Backend::Redis => "redis",
-            Backend::Postgres => "postgres",
-            #[cfg(feature = "foundationdb")]
-            Backend::Foundationdb => "foundationdb",
-        }
-    }
-}
-
 /// Where one test's records and labels live.
 pub struct BackendSetup {
-    pub backend: Backend,
+    pub backend: StoreKind,
     pub data: TempDir,
-    /// The test's own Redis, for `Backend::Redis`.
+    /// The test's own Redis, for `StoreKind::Redis`.
     pub redis: Option<RedisServer>,
-    /// The test's database, for `Backend::Postgres`.
+    /// The test's database, for `StoreKind::Postgres`.
     pub postgres_url: Option<String>,
-    /// The test's key prefix on the cluster, for `Backend::Foundationdb`.
+    /// The test's key prefix on the cluster, for `StoreKind::Foundationdb`.
     #[cfg(feature = "foundationdb")]
     pub foundationdb_prefix: Option<String>,
 }
@@ -54,18 +32,19 @@ pub fn durable_redis() -> RedisServer {
 
 impl BackendSetup {
     /// Starts what the backend needs, on the shared PostgreSQL server for postgres.
-    pub async fn start(backend: Backend) -> Self {
+    pub async fn start(backend: StoreKind) -> Self {
         let postgres_url = match backend {
-            Backend::Postgres => Some(fresh_database(PostgresServer::shared()).await),
+            StoreKind::Postgres => Some(fresh_database(PostgresServer::shared()).await),
             _ => None,
         };
         Self {
             backend,
             data: data_directory(),
-            redis: (backend == Backend::Redis).then(durable_redis),
+            redis: (backend == StoreKind::Redis).then(durable_redis),
             postgres_url,
             #[cfg(feature = "foundationdb")]
-            foundationdb_prefix: (backend == Backend::Foundationdb).then(|| format!("t{:016x}", rand::random::<u64>())),
+            foundationdb_prefix: (backend == StoreKind::Foundationdb)
+                .then(|| format!("t{:016x}", rand::random::<u64>())),
         }
     }
 
@@ -117,9 +96,7 @@ pub async fn fresh_database(server: &PostgresServer) -> String {
     server.create_database().await.expect("create a test database").url
 }
 
-pub fn pair(key: &str, value: impl ToString) -> (String, String) {
-    (key.to_owned(), value.to_string())
-}
+pub use test_support::process::pair;
 
 /// The cluster file of the FoundationDB the tests run on: `FDB_CLUSTER_FILE`,
 /// required, so a run without a cluster fails loudly instead of trying
@@ -131,18 +108,18 @@ pub fn foundationdb_cluster_file() -> String {
     })
 }
 
-/// Opens the store a test's servers use on the cluster, from the test process.
+/// Opens the store a test's servers use on the cluster, from the test
+/// process, through the server's registry.
 #[cfg(feature = "foundationdb")]
-pub async fn open_foundationdb(setup: &BackendSetup, policy: store_core::Policy) -> store_fdb::FoundationDbStore {
-    use store_fdb::{FoundationDbConfig, FoundationDbNetwork, FoundationDbStore, KeyPrefix};
-    let prefix = setup.foundationdb_prefix.as_ref().expect("the setup's key prefix");
-    let config = FoundationDbConfig {
-        cluster_file: Some(foundationdb_cluster_file()),
-        prefix: KeyPrefix::Bytes(prefix.as_bytes().to_vec()),
-        ..FoundationDbConfig::default()
-    };
-    let network = FoundationDbNetwork::start().expect("FoundationDB's client network");
-    FoundationDbStore::open_foundationdb(network, &config, policy)
-        .await
-        .expect("open the FoundationDB store")
+pub async fn open_foundationdb(
+    setup: &BackendSetup,
+    policy: store_core::Policy,
+) -> std::sync::Arc<store_fdb::FoundationDbStore> {
+    let config = server::config::Config::load(None, setup.env()).expect("the setup's config");
+    let clock = store_core::SystemClock::shared();
+    match server::backend::open_store(&config.store, policy, &clock).await {
+        Ok(server::backend::OpenedStore::Foundationdb(store)) => store,
+        Ok(_) => panic!("a FoundationDB setup opens FoundationDB"),
+        Err(error) => panic!("open the FoundationDB store: {error}"),
+    }
 }

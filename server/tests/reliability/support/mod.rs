@@ -6,27 +6,8 @@ pub mod backends;
 pub mod process;
 pub mod service;
 
-use serde_json::Value;
-use server::config::token_sha256;
-use std::time::Duration;
-
-pub const ALICE: &str = "alice-token";
-pub const BOB: &str = "bob-token";
-/// The caller ids behind the tokens.
-pub const ALICE_ID: &str = "alice";
-pub const BOB_ID: &str = "bob";
-
-/// Longest an HTTP call of a test waits for its answer.
-pub const CLIENT_TIMEOUT_MS: u64 = 30_000;
-
-/// `IDEM__CALLERS` for alice and bob (never the demo caller).
-pub fn callers_env() -> String {
-    format!(
-        r#"[{{id = "{ALICE_ID}", token_sha256 = "{}"}}, {{id = "{BOB_ID}", token_sha256 = "{}"}}]"#,
-        token_sha256(ALICE),
-        token_sha256(BOB)
-    )
-}
+pub use test_support::callers::{ALICE, ALICE_ID, BOB, BOB_ID, callers_env, label_body, unique_order_id};
+pub use test_support::http::{Reply, client, metric_value};
 
 /// A size from the environment (`IDEM_CRASHES=200`), else the CI default.
 pub fn scaled(variable: &str, ci_default: usize) -> usize {
@@ -47,62 +28,6 @@ pub fn seed(test: &str) -> u64 {
     };
     eprintln!("{test}: seed {seed} (replay with IDEM_RELIABILITY_SEED={seed})");
     seed
-}
-
-pub fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .timeout(Duration::from_millis(CLIENT_TIMEOUT_MS))
-        .build()
-        .expect("client")
-}
-
-/// One answer, read whole.
-#[derive(Debug, Clone)]
-pub struct Reply {
-    pub status: u16,
-    pub headers: reqwest::header::HeaderMap,
-    pub body: Vec<u8>,
-}
-
-impl Reply {
-    pub async fn read(response: reqwest::Response) -> Self {
-        let status = response.status().as_u16();
-        let headers = response.headers().clone();
-        let body = response.bytes().await.expect("body").to_vec();
-        Self { status, headers, body }
-    }
-
-    pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers.get(name).and_then(|value| value.to_str().ok())
-    }
-
-    pub fn text(&self) -> String {
-        String::from_utf8_lossy(&self.body).into_owned()
-    }
-
-    pub fn json(&self) -> Value {
-        serde_json::from_slice(&self.body).unwrap_or_else(|error| panic!("not JSON ({error}): {}", self.text()))
-    }
-
-    /// The problem `code` of an error answer ("" when the body is not a problem).
-    pub fn code(&self) -> String {
-        serde_json::from_slice::<Value>(&self.body)
-            .ok()
-            .and_then(|problem| problem["code"].as_str().map(str::to_owned))
-            .unwrap_or_default()
-    }
-
-    pub fn is_replay(&self) -> bool {
-        self.header("idempotent-replayed") == Some("true")
-    }
-
-    pub fn retry_after(&self) -> Option<u64> {
-        self.header("retry-after")?.parse().ok()
-    }
-
-    pub fn label_id(&self) -> String {
-        self.json()["label_id"].as_str().expect("label_id").to_owned()
-    }
 }
 
 /// A request to `POST /v1/labels`, each part optional so bad input can leave it out.
@@ -142,30 +67,9 @@ impl<'a> LabelPost<'a> {
     }
 }
 
-/// A label request body.
-pub fn label_body(order_id: u64, parcel_no: u32) -> String {
-    format!(r#"{{"order_id":{order_id},"parcel_no":{parcel_no},"weight_g":1450,"service":"ground"}}"#)
-}
-
 /// The Fulfilment service's derived key for a parcel (the spec's `label:918273:1:v1`).
 pub fn derived_key(order_id: u64, parcel_no: u32) -> String {
     format!("label:{order_id}:{parcel_no}:v1")
-}
-
-/// A fresh order id, so tests never share a parcel.
-pub fn unique_order_id() -> u64 {
-    1 + rand::random::<u64>() % 999_999_999_999
-}
-
-/// The sum of one metric's samples over the label sets that contain all of `labels`.
-pub fn metric_value(exposition: &str, name: &str, labels: &[&str]) -> f64 {
-    exposition
-        .lines()
-        .filter(|line| !line.starts_with('#'))
-        .filter(|line| line.starts_with(&format!("{name}{{")) || line.starts_with(&format!("{name} ")))
-        .filter(|line| labels.iter().all(|label| line.contains(label)))
-        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
 }
 
 /// `GET {base}/metrics`.

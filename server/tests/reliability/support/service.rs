@@ -5,24 +5,24 @@
 //! shorter than the carrier), and the stores themselves for auditing.
 
 use super::audit::{LabelCensus, census_embedded, census_postgres, embedded_pairs, postgres_record_rows};
-use super::backends::{Backend, BackendSetup};
+use super::backends::BackendSetup;
 use super::{ALICE, ALICE_ID, BOB, BOB_ID};
 use server::AppState;
 use server::admission::AdmissionConfig;
 use server::auth::Callers;
+#[cfg(feature = "foundationdb")]
+use server::backend::OpenedStore;
+use server::backend::{self, OpenOptions};
 use server::carrier::{CarrierClient, CarrierServer};
-use server::config::{CallerConfig, SimulatorConfig, token_sha256};
+use server::config::{CallerConfig, Config, SimulatorConfig, StoreKind, token_sha256};
 use server::idempotency;
-use server::instrumented::InstrumentedStore;
-use server::labels::{FdbLabels, LABELS_MIGRATION, LabelStore, PostgresLabels, SplitLabels};
+use server::labels::LabelStore;
 use server::limits::Limits;
 use server::metrics::prometheus_handle;
 use std::sync::Arc;
 use std::time::Duration;
 use store_core::{IdempotencyStore, Policy, SharedClock, SystemClock};
-use store_fdb::{Durability, EmbeddedConfig, EmbeddedStore, FaultPlan};
-use store_postgres::{PostgresConfig, PostgresStore};
-use store_redis::{RedisConfig, RedisStore};
+use store_fdb::{EmbeddedStore, FaultPlan};
 use tokio::net::TcpListener;
 use tokio_util::task::TaskTracker;
 
@@ -62,14 +62,6 @@ impl Default for ServiceOptions {
     }
 }
 
-/// How to look at the stores afterwards.
-enum Audit {
-    Embedded(Arc<EmbeddedStore>),
-    Postgres(String),
-    #[cfg(feature = "foundationdb")]
-    Foundationdb(Arc<store_fdb::FoundationDbStore>),
-}
-
 pub struct Service {
     pub base: String,
     pub carrier_url: String,
@@ -77,14 +69,19 @@ pub struct Service {
     pub labels: Arc<dyn LabelStore>,
     /// The embedded store (records with embedded, labels with redis).
     pub embedded: Option<Arc<EmbeddedStore>>,
-    audit: Audit,
+    /// The record store itself, for the FoundationDB audits.
+    #[cfg(feature = "foundationdb")]
+    store: OpenedStore,
+    /// The database, with PostgreSQL records.
+    postgres_url: Option<String>,
     _carrier: CarrierServer,
     server: tokio::task::JoinHandle<()>,
 }
 
 impl Service {
     pub async fn start(setup: &BackendSetup, options: ServiceOptions) -> Self {
-        let (records, labels, embedded, audit) = open_stores(setup, &options).await;
+        let opened = open_stores(setup, &options).await;
+        let (records, labels, embedded) = (opened.records, opened.labels, opened.embedded);
         let carrier = CarrierServer::start(&options.simulator, listener().await)
             .await
             .expect("carrier simulator");
@@ -130,7 +127,9 @@ impl Service {
             records,
             labels,
             embedded,
-            audit,
+            #[cfg(feature = "foundationdb")]
+            store: opened.store,
+            postgres_url: setup.postgres_url.clone(),
             _carrier: carrier,
             server,
         }
@@ -138,45 +137,42 @@ impl Service {
 
     /// Every label the label store holds, by parcel.
     pub async fn census(&self) -> LabelCensus {
-        match &self.audit {
-            Audit::Embedded(store) => census_embedded(store).await,
-            Audit::Postgres(url) => census_postgres(url).await,
-            #[cfg(feature = "foundationdb")]
-            Audit::Foundationdb(store) => census_embedded(store.as_ref()).await,
+        if let Some(url) = &self.postgres_url {
+            return census_postgres(url).await;
         }
+        #[cfg(feature = "foundationdb")]
+        if let OpenedStore::Foundationdb(store) = &self.store {
+            return census_embedded(store.as_ref()).await;
+        }
+        census_embedded(self.embedded.as_ref().expect("labels in the embedded store")).await
     }
 
     /// What the carrier sold.
     pub async fn carrier_stats(&self, client: &reqwest::Client) -> server::carrier::CarrierStats {
-        let url = format!("{}{}", self.carrier_url, server::carrier::CARRIER_STATS_PATH);
-        client
-            .get(url)
-            .send()
+        server::carrier::read_stats(client, &self.carrier_url)
             .await
-            .expect("stats")
-            .json()
-            .await
-            .expect("stats JSON")
+            .expect("carrier stats")
     }
 
     /// Rows in the record store (records, tombstones, and with embedded
     /// every other key too): bad input must not change it.
     pub async fn record_store_rows(&self, setup: &BackendSetup) -> u64 {
         match setup.backend {
-            Backend::Embedded => embedded_pairs(self.embedded.as_ref().expect("embedded")).await.len() as u64,
-            Backend::Redis => {
+            StoreKind::Embedded => embedded_pairs(self.embedded.as_ref().expect("embedded")).await.len() as u64,
+            StoreKind::Redis => {
                 let redis = setup.redis.as_ref().expect("redis");
                 redis.query::<u64>(&["DBSIZE"]).expect("DBSIZE")
             }
-            Backend::Postgres => postgres_record_rows(setup.postgres_url.as_deref().expect("url")).await as u64,
+            StoreKind::Postgres => postgres_record_rows(setup.postgres_url.as_deref().expect("url")).await as u64,
             #[cfg(feature = "foundationdb")]
-            Backend::Foundationdb => {
-                let Audit::Foundationdb(store) = &self.audit else {
-                    unreachable!("a FoundationDB setup audits FoundationDB")
+            StoreKind::Foundationdb => {
+                let OpenedStore::Foundationdb(store) = &self.store else {
+                    unreachable!("a FoundationDB setup opens FoundationDB")
                 };
                 let prefix = setup.foundationdb_prefix.as_deref().expect("prefix");
                 super::audit::foundationdb_pairs(store, prefix.as_bytes()).await.len() as u64
             }
+            other => panic!("the reliability tests do not run on {other}"),
         }
     }
 }
@@ -195,59 +191,17 @@ async fn listener() -> TcpListener {
     TcpListener::bind("127.0.0.1:0").await.expect("bind a loopback port")
 }
 
-type Stores = (
-    Arc<dyn IdempotencyStore>,
-    Arc<dyn LabelStore>,
-    Option<Arc<EmbeddedStore>>,
-    Audit,
-);
-
-async fn open_stores(setup: &BackendSetup, options: &ServiceOptions) -> Stores {
-    let embedded_config = EmbeddedConfig {
-        durability: Durability::Buffer,
-        faults: options.faults,
-        ..EmbeddedConfig::new(setup.embedded_path())
+/// The stores through the server's registry, on the setup's config, with
+/// what a config cannot say: the embedded engine's fault plan, the test's
+/// policy (which the config might refuse: a lease shorter than the
+/// carrier's timeout) and its clock.
+async fn open_stores(setup: &BackendSetup, options: &ServiceOptions) -> backend::Backends {
+    let mut config = Config::load(None, setup.env()).expect("the setup's config");
+    config.store.embedded.faults = options.faults;
+    config.store.redis.response_timeout_ms = options.redis_response_timeout_ms;
+    let open_options = OpenOptions {
+        clock: options.clock.clone(),
+        policy: Some(options.policy),
     };
-    match setup.backend {
-        Backend::Embedded => {
-            let store = Arc::new(
-                EmbeddedStore::open_embedded_with_clock(&embedded_config, options.policy, options.clock.clone())
-                    .expect("embedded"),
-            );
-            let records: Arc<dyn IdempotencyStore> = Arc::new(InstrumentedStore::new(store.clone()));
-            let labels = Arc::new(FdbLabels::new(store.clone()));
-            (records, labels, Some(store.clone()), Audit::Embedded(store))
-        }
-        Backend::Redis => {
-            let redis = setup.redis.as_ref().expect("the setup's redis");
-            let config = RedisConfig {
-                response_timeout_ms: options.redis_response_timeout_ms,
-                ..RedisConfig::standalone(redis.url())
-            };
-            let redis_store = RedisStore::connect(config, options.policy).await.expect("redis store");
-            let records: Arc<dyn IdempotencyStore> = Arc::new(InstrumentedStore::new(Arc::new(redis_store)));
-            let store = Arc::new(
-                EmbeddedStore::open_embedded_with_clock(&embedded_config, options.policy, options.clock.clone())
-                    .expect("embedded"),
-            );
-            let labels = Arc::new(SplitLabels::new(records.clone(), FdbLabels::new(store.clone())));
-            (records, labels, Some(store.clone()), Audit::Embedded(store))
-        }
-        Backend::Postgres => {
-            let url = setup.postgres_url.clone().expect("the setup's database");
-            let store = PostgresStore::new(&PostgresConfig::new(url.clone()), options.policy).expect("postgres store");
-            store.migrate(&[LABELS_MIGRATION]).await.expect("migrations");
-            let records: Arc<dyn IdempotencyStore> = Arc::new(InstrumentedStore::new(Arc::new(store.clone())));
-            let labels = Arc::new(PostgresLabels::new(store));
-            (records, labels, None, Audit::Postgres(url))
-        }
-        #[cfg(feature = "foundationdb")]
-        Backend::Foundationdb => {
-            let store = super::backends::open_foundationdb(setup, options.policy).await;
-            let store = Arc::new(store.with_clock(options.clock.clone()));
-            let records: Arc<dyn IdempotencyStore> = Arc::new(InstrumentedStore::new(store.clone()));
-            let labels = Arc::new(FdbLabels::new(store.clone()));
-            (records, labels, None, Audit::Foundationdb(store))
-        }
-    }
+    backend::open(&config, &open_options).await.expect("the stores open")
 }

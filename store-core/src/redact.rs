@@ -1,6 +1,6 @@
 //! One redaction for every text that may carry a secret on its way to a
-//! log, a terminal or an error: config refusals, the config's `Debug`
-//! form, startup errors.
+//! log, a terminal or an error: config refusals, the `Debug` form of the
+//! server's config and of the backends' configs in it, startup errors.
 //!
 //! What counts as a secret here: the password of a URL
 //! (`scheme://user:PASSWORD@host`) and the value of `password=` in a

@@ -1,38 +1,90 @@
-//! Runs the conformance suites against the smallest possible store: the pure
-//! state machine over a mutex-guarded map, with atomic completion done
-//! optimistically (run the effect on what was read, commit only if the
-//! record did not change meanwhile). It checks the suites and the machine
-//! together, before any backend adds I/O; it is not a backend. It reads the
-//! injected clock, so the suite moves its time by hand.
+//! The smallest store: store-core's state machine over a mutex-guarded map.
+//! Volatile (a restart forgets every record), for tests and examples,
+//! never for production; the server accepts it only when built with its
+//! `memory-store` feature.
+//!
+//! It is the reference the suites are checked against before any backend
+//! adds I/O: every transition is the machine's pure function applied under
+//! one lock, so a suite failing here is a suite (or machine) bug. Atomic
+//! completion is done optimistically (run the effect on what was read,
+//! commit only if the record did not change meanwhile); an effect's
+//! transaction is a set of named rows ([`MemoryTransaction`]) committed with
+//! the completion. It reads the injected clock, so a test moves its time by
+//! hand. Handles made by [`MemoryStore::another_instance`] share one map
+//! and one change hub, as two instances share one server.
 
 use async_trait::async_trait;
 use std::collections::{BTreeMap, HashSet};
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use store_core::machine::{self, Found, Step, Write};
-use store_core::testkit::SharedStore;
-use store_core::*;
+use store_core::{
+    AtomicCompletion, CallerId, ChangeHub, ClaimOutcome, ClaimRequest, CompleteWithError, CompleteWithFuture,
+    Completion, EffectFuture, EffectScope, Fenced, ForgetOutcome, HeldLease, IdempotencyKey, IdempotencyStore,
+    KeyDigest, Policy, PurgeReport, Record, RecordId, RecoveryPoint, SavedResponse, SharedClock, StoreError,
+};
 
 type Slot = (CallerId, KeyDigest);
+
 /// The records and the tombstones, shared by the handles on one map.
 type Map = Arc<Mutex<(BTreeMap<Slot, Record>, HashSet<Slot>)>>;
 
-struct MemoryStore {
+/// The store: see the crate's documentation.
+pub struct MemoryStore {
     policy: Policy,
     clock: SharedClock,
     state: Map,
-    /// In-process notifications, shared by the handles on one map: the
-    /// smallest notification source, which checks the waiting suite.
+    /// In-process notifications, shared by the handles on one map.
     changes: ChangeHub,
-    /// Marker rows written by committed effects.
-    markers: Mutex<HashSet<String>>,
+    /// Rows written by committed effects, shared by the handles on one map.
+    rows: Arc<Mutex<HashSet<String>>>,
     /// While set, every atomic completion fails after its effect ran.
-    fail_completions: AtomicBool,
+    fail_completions: Arc<AtomicBool>,
+}
+
+/// A lock whose holder panicked still guards a consistent map: every write
+/// under it is one insert or remove.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl MemoryStore {
+    /// An empty store reading `clock`.
+    pub fn new(policy: Policy, clock: SharedClock) -> Self {
+        Self {
+            policy,
+            clock,
+            state: Map::default(),
+            changes: ChangeHub::new(),
+            rows: Arc::default(),
+            fail_completions: Arc::default(),
+        }
+    }
+
+    /// Another handle on the same map, rows and change hub: a second
+    /// instance on the same server, for the waiting suite.
+    pub fn another_instance(&self) -> Self {
+        Self {
+            policy: self.policy,
+            clock: Arc::clone(&self.clock),
+            state: Arc::clone(&self.state),
+            changes: self.changes.clone(),
+            rows: Arc::clone(&self.rows),
+            fail_completions: Arc::clone(&self.fail_completions),
+        }
+    }
+
+    /// True once an effect that wrote row `name` committed with its completion.
+    pub fn has_row(&self, name: &str) -> bool {
+        lock(&self.rows).contains(name)
+    }
+
+    /// While `fail` holds, every atomic completion fails after its effect
+    /// ran and before it commits (a fault switch for tests).
+    pub fn fail_completions_after_effect(&self, fail: bool) {
+        self.fail_completions.store(fail, Ordering::SeqCst);
+    }
+
     fn apply<O>(
         &self,
         caller: &CallerId,
@@ -40,7 +92,7 @@ impl MemoryStore {
         transition: impl FnOnce(Found<'_>, u64) -> Step<O>,
     ) -> O {
         let slot = (caller.clone(), key.digest());
-        let mut guard = self.state.lock().unwrap();
+        let mut guard = lock(&self.state);
         let (records, tombstones) = &mut *guard;
         let found = match records.get(&slot) {
             Some(record) => Found::Record(record),
@@ -58,6 +110,10 @@ impl MemoryStore {
             }
         }
         step.outcome
+    }
+
+    fn notify(&self, lease: &HeldLease) {
+        self.changes.notify(&RecordId::new(&lease.caller, &lease.key));
     }
 }
 
@@ -80,32 +136,32 @@ impl IdempotencyStore for MemoryStore {
         let outcome = self.apply(&lease.caller, &lease.key, |found, now| {
             machine::complete(found, lease.token, response, now, &self.policy)
         });
-        self.changes.notify(&RecordId::new(&lease.caller, &lease.key));
+        self.notify(lease);
         Ok(outcome)
     }
     async fn release(&self, lease: &HeldLease) -> Result<Fenced, StoreError> {
         let outcome = self.apply(&lease.caller, &lease.key, |found, now| {
             machine::release(found, lease.token, now)
         });
-        self.changes.notify(&RecordId::new(&lease.caller, &lease.key));
+        self.notify(lease);
         Ok(outcome)
     }
     async fn abandon(&self, lease: &HeldLease) -> Result<Fenced, StoreError> {
         let outcome = self.apply(&lease.caller, &lease.key, |found, now| {
             machine::abandon(found, lease.token, now)
         });
-        self.changes.notify(&RecordId::new(&lease.caller, &lease.key));
+        self.notify(lease);
         Ok(outcome)
     }
     async fn purge_expired(&self, limit: usize) -> Result<PurgeReport, StoreError> {
-        let mut guard = self.state.lock().unwrap();
+        let mut guard = lock(&self.state);
         let (records, tombstones) = &mut *guard;
         let now = self.clock.now_ms();
         let due: Vec<Slot> = records
             .iter()
-            .filter(|(_, r)| machine::is_purgeable(r, now))
-            .map(|(s, _)| s.clone())
-            .take(limit + 1)
+            .filter(|(_, record)| machine::is_purgeable(record, now))
+            .map(|(slot, _)| slot.clone())
+            .take(limit.saturating_add(1))
             .collect();
         let more = due.len() > limit;
         let records_purged = due.len().min(limit) as u64;
@@ -121,19 +177,13 @@ impl IdempotencyStore for MemoryStore {
         })
     }
     async fn inspect(&self, caller: &CallerId, key: &IdempotencyKey) -> Result<Option<Record>, StoreError> {
-        Ok(self
-            .state
-            .lock()
-            .unwrap()
-            .0
-            .get(&(caller.clone(), key.digest()))
-            .cloned())
+        Ok(lock(&self.state).0.get(&(caller.clone(), key.digest())).cloned())
     }
     /// The map holds decoded records, never bytes, so no record here is
     /// unreadable: forget answers `Readable` or `NotFound`, and deletes
     /// nothing.
     async fn forget_unreadable_record(&self, caller: &CallerId, key: KeyDigest) -> Result<ForgetOutcome, StoreError> {
-        let found = self.state.lock().unwrap().0.contains_key(&(caller.clone(), key));
+        let found = lock(&self.state).0.contains_key(&(caller.clone(), key));
         Ok(if found {
             ForgetOutcome::Readable
         } else {
@@ -148,33 +198,48 @@ impl IdempotencyStore for MemoryStore {
     }
 }
 
-/// An effect's transaction on the memory store: its marker writes, staged
-/// until the commit.
+/// An effect's transaction on the memory store: the rows it writes, staged
+/// until the completion commits.
 #[derive(Default)]
-struct MemoryTransaction {
-    markers: Mutex<Vec<String>>,
+pub struct MemoryTransaction {
+    rows: Mutex<Vec<String>>,
 }
 
+impl MemoryTransaction {
+    /// Stages row `name`; it exists once the completion commits.
+    pub fn write_row(&self, name: &str) {
+        lock(&self.rows).push(name.to_owned());
+    }
+}
+
+/// An effect's own failure on the memory store.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
-struct MemoryEffectError(String);
+pub struct MemoryEffectError(pub String);
 
 impl MemoryStore {
     fn read(&self, slot: &Slot) -> Option<Record> {
-        self.state.lock().unwrap().0.get(slot).cloned()
+        lock(&self.state).0.get(slot).cloned()
     }
 
-    /// Commits the completion and the staged markers if the record is still
+    /// Commits the completion and the staged rows if the record is still
     /// `read`; false when it changed meanwhile (a conflict: run again).
     fn commit(&self, slot: &Slot, read: &Option<Record>, completed: Record, transaction: MemoryTransaction) -> bool {
-        let mut guard = self.state.lock().unwrap();
+        let mut guard = lock(&self.state);
         if guard.0.get(slot) != read.as_ref() {
             return false;
         }
         guard.0.insert(slot.clone(), completed);
-        let staged = transaction.markers.into_inner().unwrap();
-        self.markers.lock().unwrap().extend(staged);
+        let staged = transaction.rows.into_inner().unwrap_or_else(PoisonError::into_inner);
+        lock(&self.rows).extend(staged);
         true
+    }
+
+    fn injected_completion_failure() -> StoreError {
+        StoreError::Unavailable {
+            detail: "injected: the completion failed after its effect".into(),
+            source: None,
+        }
     }
 }
 
@@ -213,11 +278,7 @@ impl AtomicCompletion for MemoryStore {
                     .await
                     .map_err(CompleteWithError::Effect)?;
                 if self.fail_completions.load(Ordering::SeqCst) {
-                    return Err(StoreError::Unavailable {
-                        detail: "injected: the completion failed after its effect".into(),
-                        source: None,
-                    }
-                    .into());
+                    return Err(Self::injected_completion_failure().into());
                 }
                 let step = machine::complete(found, lease.token, response.clone(), now, &self.policy);
                 let Write::Put(completed) = step.write else {
@@ -229,83 +290,4 @@ impl AtomicCompletion for MemoryStore {
             }
         })
     }
-}
-
-struct MemoryHarness {
-    store: MemoryStore,
-}
-
-impl store_core::testkit::atomic::EffectHarness for MemoryHarness {
-    type Store = MemoryStore;
-
-    fn store(&self) -> &MemoryStore {
-        &self.store
-    }
-
-    fn time(&self) -> store_core::testkit::TestTime {
-        store_core::testkit::TestTime::Wall
-    }
-
-    fn write_marker<'c>(
-        &'c self,
-        context: &'c &MemoryTransaction,
-        name: &'c str,
-    ) -> Pin<Box<dyn Future<Output = Result<(), MemoryEffectError>> + Send + 'c>> {
-        Box::pin(async move {
-            context.markers.lock().unwrap().push(name.to_owned());
-            Ok(())
-        })
-    }
-
-    async fn marker_exists(&self, name: &str) -> bool {
-        self.store.markers.lock().unwrap().contains(name)
-    }
-
-    fn effect_failure(&self, detail: &str) -> MemoryEffectError {
-        MemoryEffectError(detail.to_owned())
-    }
-
-    async fn fail_completions(&self, fail: bool) {
-        self.store.fail_completions.store(fail, Ordering::SeqCst);
-    }
-}
-
-fn memory(policy: Policy, clock: SharedClock) -> MemoryStore {
-    MemoryStore {
-        policy,
-        clock,
-        state: Arc::default(),
-        changes: ChangeHub::new(),
-        markers: Mutex::default(),
-        fail_completions: AtomicBool::new(false),
-    }
-}
-
-async fn memory_store(policy: Policy, clock: SharedClock) -> SharedStore {
-    Arc::new(memory(policy, clock))
-}
-
-async fn memory_harness(policy: Policy) -> MemoryHarness {
-    MemoryHarness {
-        store: memory(policy, SystemClock::shared()),
-    }
-}
-
-/// Two handles on one map, as two instances on one server.
-async fn memory_store_pair(policy: Policy) -> (SharedStore, SharedStore) {
-    let first = memory(policy, SystemClock::shared());
-    let second = MemoryStore {
-        clock: Arc::clone(&first.clock),
-        state: Arc::clone(&first.state),
-        changes: first.changes.clone(),
-        ..memory(policy, SystemClock::shared())
-    };
-    (Arc::new(first), Arc::new(second))
-}
-
-store_core::conformance_tests!(clocked: memory_store);
-store_core::atomic_completion_tests!(memory_harness);
-
-mod waiting {
-    store_core::waiting_tests!(super::memory_store_pair);
 }
