@@ -144,11 +144,12 @@ pub fn find_server_binary(explicit: Option<&Path>) -> Result<PathBuf, SpawnError
     Err(SpawnError::BinaryMissing(format!("tried {}", tried.join(", "))))
 }
 
+/// The path made absolute: a spawned process runs in a directory of its
+/// own, where a path relative to the bench's would name nothing.
 fn existing(path: PathBuf) -> Result<PathBuf, SpawnError> {
-    if path.is_file() {
-        Ok(path)
-    } else {
-        Err(SpawnError::BinaryMissing(path.display().to_string()))
+    match std::fs::canonicalize(&path) {
+        Ok(absolute) if absolute.is_file() => Ok(absolute),
+        _ => Err(SpawnError::BinaryMissing(path.display().to_string())),
     }
 }
 
@@ -351,4 +352,21 @@ fn foundationdb_config(args: &BackendArgs) -> Result<(String, BackendGuards, Vec
 #[cfg(not(feature = "foundationdb"))]
 fn foundationdb_config(_: &BackendArgs) -> Result<(String, BackendGuards, Vec<String>), SpawnError> {
     Err(SpawnError::Backend("foundationdb is not built into this binary".into()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_relative_server_binary_is_made_absolute() {
+        // Tests run in the package's directory, which holds Cargo.toml.
+        let found = find_server_binary(Some(Path::new("Cargo.toml"))).expect("an existing file");
+        assert!(found.is_absolute(), "{}", found.display());
+        assert!(found.ends_with("bench/Cargo.toml"));
+        assert!(matches!(
+            find_server_binary(Some(Path::new("no-such-server"))),
+            Err(SpawnError::BinaryMissing(_))
+        ));
+    }
 }
