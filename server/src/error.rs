@@ -1,7 +1,7 @@
 //! The one error type of the HTTP API, answered as RFC 9457
 //! `application/problem+json` with a machine-readable `code`.
 //!
-//! Internals never reach the client: an [`ApiError::Internal`] carries its
+//! Internals never reach the client: an internal error ([`ApiError::internal`]) carries its
 //! detail in a response extension ([`LoggedError`]) that the request logger
 //! (`observe`) writes once, at the edge, and strips from nothing else.
 
@@ -31,12 +31,18 @@ pub struct LoggedError(pub String);
 
 /// Every error the API answers. Status codes and `code` strings are the API
 /// contract (docs/design.md#status-codes); do not rename them.
+///
+/// The idempotency layer's answers are [`ApiError::Idempotency`]: idem-http's
+/// own error, whose code, status, title and detail are the layer's, so the
+/// layer and the API cannot give one kind two faces. The other kinds are the
+/// Label service's own.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ApiError {
-    #[error("the Idempotency-Key header is required")]
-    IdempotencyKeyMissing,
-    #[error("the Idempotency-Key header is not valid: {reason}")]
-    IdempotencyKeyInvalid { reason: String },
+    /// Missing or invalid key, body too large, request in progress, key
+    /// reused, store unavailable, record unreadable, response not saved,
+    /// internal error (the detail of which is logged, never sent).
+    #[error(transparent)]
+    Idempotency(IdempotencyError),
     #[error("{detail}")]
     InvalidRequest { detail: String },
     #[error("a valid bearer token is required")]
@@ -47,37 +53,16 @@ pub enum ApiError {
     MethodNotAllowed { method: String },
     #[error("the request body must be {expected}, declared in the Content-Type header")]
     UnsupportedMediaType { expected: &'static str },
-    #[error("the request body is larger than {limit_bytes} bytes")]
-    PayloadTooLarge { limit_bytes: usize },
-    #[error("another request with this key is in progress; retry with the same key after {retry_after_s} s")]
-    RequestInProgress { retry_after_s: u64 },
-    #[error("this key was used with a different request; use a new key for a new request")]
-    IdempotencyKeyReused,
     #[error("the carrier did not give a definite answer; retry with the same key after {retry_after_s} s")]
     DownstreamUnavailable { retry_after_s: u64 },
     #[error("the carrier refused the label ({carrier_status}): {detail}")]
     DownstreamRejected { carrier_status: u16, detail: String },
-    #[error("the idempotency store is unavailable; retry with the same key after {retry_after_s} s")]
-    StoreUnavailable { retry_after_s: u64 },
     #[error("the server is shutting down; retry on another instance")]
     ShuttingDown { retry_after_s: u64 },
     #[error("too many requests in flight; retry later")]
     Overloaded { retry_after_s: u64 },
     #[error("the request took longer than {limit_ms} ms; retry with the same key after {retry_after_s} s")]
     RequestTimeout { limit_ms: u64, retry_after_s: u64 },
-    /// The stored record of this key cannot be decoded; the purge has set
-    /// it aside. Retrying will not help until an operator deletes it.
-    #[error("the stored record of this key is unreadable; the error was logged, and retrying will not help")]
-    RecordUnreadable,
-    /// The route ran, but its answer could not be saved under the key; this
-    /// problem is saved in its place, so a retry never runs the route again.
-    #[error(
-        "the request was processed, but its answer could not be saved ({reason}); this key answers with this problem from now on"
-    )]
-    ResponseNotSaved { reason: String },
-    /// The string is logged, never sent.
-    #[error("internal error")]
-    Internal(String),
 }
 
 /// The body of every error response (RFC 9457).
@@ -101,16 +86,26 @@ pub struct Problem {
 pub const API_ERROR_KINDS: usize = 19;
 
 impl ApiError {
+    /// An internal error: `detail` is logged, never sent.
+    pub fn internal(detail: impl Into<String>) -> Self {
+        ApiError::Idempotency(IdempotencyError::Internal(detail.into()))
+    }
+
+    /// The store did not answer; the client retries with the same key.
+    pub fn store_unavailable(retry_after_s: u64) -> Self {
+        ApiError::Idempotency(IdempotencyError::StoreUnavailable { retry_after_s })
+    }
+
     /// One error of every kind, with the details a typical one has: the
     /// examples of the OpenAPI document, and the list of every `code`.
     /// A new kind must be added here; `every_kind_has_a_sample` fails to
     /// compile until its match names it.
     pub fn samples() -> [ApiError; API_ERROR_KINDS] {
         [
-            ApiError::IdempotencyKeyMissing,
-            ApiError::IdempotencyKeyInvalid {
+            ApiError::Idempotency(IdempotencyError::KeyMissing),
+            ApiError::Idempotency(IdempotencyError::KeyInvalid {
                 reason: "idempotency key is empty".into(),
-            },
+            }),
             ApiError::InvalidRequest {
                 detail: "weight_g must be between 1 and 70000".into(),
             },
@@ -122,26 +117,26 @@ impl ApiError {
             ApiError::UnsupportedMediaType {
                 expected: "application/json",
             },
-            ApiError::PayloadTooLarge { limit_bytes: 65_536 },
-            ApiError::RequestInProgress { retry_after_s: 1 },
-            ApiError::IdempotencyKeyReused,
+            ApiError::Idempotency(IdempotencyError::PayloadTooLarge { limit_bytes: 65_536 }),
+            ApiError::Idempotency(IdempotencyError::RequestInProgress { retry_after_s: 1 }),
+            ApiError::Idempotency(IdempotencyError::KeyReused),
             ApiError::DownstreamUnavailable { retry_after_s: 1 },
             ApiError::DownstreamRejected {
                 carrier_status: 422,
                 detail: "weight exceeds the service's limit".into(),
             },
-            ApiError::StoreUnavailable { retry_after_s: 1 },
+            ApiError::store_unavailable(1),
             ApiError::Overloaded { retry_after_s: 1 },
             ApiError::RequestTimeout {
                 limit_ms: 30_000,
                 retry_after_s: 1,
             },
             ApiError::ShuttingDown { retry_after_s: 1 },
-            ApiError::RecordUnreadable,
-            ApiError::ResponseNotSaved {
+            ApiError::Idempotency(IdempotencyError::RecordUnreadable),
+            ApiError::Idempotency(IdempotencyError::ResponseNotSaved {
                 reason: "the answer is over the saved-response limit".into(),
-            },
-            ApiError::Internal("not sent".into()),
+            }),
+            ApiError::internal("not sent"),
         ]
     }
 
@@ -152,95 +147,67 @@ impl ApiError {
 
     pub fn status(&self) -> StatusCode {
         match self {
-            ApiError::IdempotencyKeyMissing
-            | ApiError::IdempotencyKeyInvalid { .. }
-            | ApiError::InvalidRequest { .. } => StatusCode::BAD_REQUEST,
+            ApiError::Idempotency(error) => error.status(),
+            ApiError::InvalidRequest { .. } => StatusCode::BAD_REQUEST,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiError::NotFound => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::UnsupportedMediaType { .. } => StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            ApiError::RequestInProgress { .. } => StatusCode::CONFLICT,
-            ApiError::IdempotencyKeyReused => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::DownstreamRejected { .. } => StatusCode::BAD_GATEWAY,
             ApiError::DownstreamUnavailable { .. }
-            | ApiError::StoreUnavailable { .. }
             | ApiError::ShuttingDown { .. }
             | ApiError::Overloaded { .. }
             | ApiError::RequestTimeout { .. } => StatusCode::SERVICE_UNAVAILABLE,
-            ApiError::RecordUnreadable | ApiError::ResponseNotSaved { .. } | ApiError::Internal(_) => {
-                StatusCode::INTERNAL_SERVER_ERROR
-            }
         }
     }
 
     /// The machine-readable code of the problem body.
     pub fn code(&self) -> &'static str {
         match self {
-            ApiError::IdempotencyKeyMissing => "idempotency_key_missing",
-            ApiError::IdempotencyKeyInvalid { .. } => "idempotency_key_invalid",
+            ApiError::Idempotency(error) => error.code(),
             ApiError::InvalidRequest { .. } => "invalid_request",
             ApiError::Unauthorized => "unauthorized",
             ApiError::NotFound => "not_found",
             ApiError::MethodNotAllowed { .. } => "method_not_allowed",
             ApiError::UnsupportedMediaType { .. } => "unsupported_media_type",
-            ApiError::PayloadTooLarge { .. } => "payload_too_large",
-            ApiError::RequestInProgress { .. } => "request_in_progress",
-            ApiError::IdempotencyKeyReused => "idempotency_key_reused",
             ApiError::DownstreamUnavailable { .. } => "downstream_unavailable",
             ApiError::DownstreamRejected { .. } => "downstream_rejected",
-            ApiError::StoreUnavailable { .. } => "store_unavailable",
             ApiError::ShuttingDown { .. } => "shutting_down",
             ApiError::Overloaded { .. } => "overloaded",
             ApiError::RequestTimeout { .. } => "request_timeout",
-            ApiError::RecordUnreadable => "record_unreadable",
-            ApiError::ResponseNotSaved { .. } => "response_not_saved",
-            ApiError::Internal(_) => "internal_error",
         }
     }
 
-    /// The `outcome` metric label: the names where it gives them.
+    /// The `outcome` metric label: the layer's names for its kinds, the
+    /// code for the others.
     pub fn outcome(&self) -> &'static str {
         match self {
-            ApiError::IdempotencyKeyMissing => "missing_key",
-            ApiError::IdempotencyKeyInvalid { .. } => "invalid_key",
-            ApiError::RequestInProgress { .. } => "in_progress",
-            ApiError::IdempotencyKeyReused => "mismatch",
-            ApiError::StoreUnavailable { .. } => "unavailable",
+            ApiError::Idempotency(error) => error.outcome(),
             other => other.code(),
         }
     }
 
     fn title(&self) -> &'static str {
         match self {
-            ApiError::IdempotencyKeyMissing => "Idempotency-Key missing",
-            ApiError::IdempotencyKeyInvalid { .. } => "Idempotency-Key invalid",
+            ApiError::Idempotency(error) => error.title(),
             ApiError::InvalidRequest { .. } => "Invalid request",
             ApiError::Unauthorized => "Unauthorized",
             ApiError::NotFound => "Not found",
             ApiError::MethodNotAllowed { .. } => "Method not allowed",
             ApiError::UnsupportedMediaType { .. } => "Unsupported media type",
-            ApiError::PayloadTooLarge { .. } => "Payload too large",
-            ApiError::RequestInProgress { .. } => "Request in progress",
-            ApiError::IdempotencyKeyReused => "Idempotency-Key reused",
             ApiError::DownstreamUnavailable { .. } => "Carrier unavailable",
             ApiError::DownstreamRejected { .. } => "Carrier rejected the label",
-            ApiError::StoreUnavailable { .. } => "Store unavailable",
             ApiError::ShuttingDown { .. } => "Shutting down",
             ApiError::Overloaded { .. } => "Overloaded",
             ApiError::RequestTimeout { .. } => "Request timeout",
-            ApiError::RecordUnreadable => "Record unreadable",
-            ApiError::ResponseNotSaved { .. } => "Response not saved",
-            ApiError::Internal(_) => "Internal error",
         }
     }
 
     /// Seconds for the `Retry-After` header, for the errors that carry one.
     pub fn retry_after_s(&self) -> Option<u64> {
         match self {
-            ApiError::RequestInProgress { retry_after_s }
-            | ApiError::DownstreamUnavailable { retry_after_s }
-            | ApiError::StoreUnavailable { retry_after_s }
+            ApiError::Idempotency(error) => error.retry_after_s(),
+            ApiError::DownstreamUnavailable { retry_after_s }
             | ApiError::ShuttingDown { retry_after_s }
             | ApiError::Overloaded { retry_after_s }
             | ApiError::RequestTimeout { retry_after_s, .. } => Some(*retry_after_s),
@@ -254,8 +221,8 @@ impl ApiError {
     pub fn disposition(&self) -> Disposition {
         match self {
             ApiError::InvalidRequest { .. } | ApiError::UnsupportedMediaType { .. } => Disposition::Abandon,
-            ApiError::DownstreamUnavailable { .. }
-            | ApiError::StoreUnavailable { .. }
+            ApiError::Idempotency(IdempotencyError::StoreUnavailable { .. })
+            | ApiError::DownstreamUnavailable { .. }
             | ApiError::ShuttingDown { .. }
             | ApiError::Overloaded { .. }
             | ApiError::RequestTimeout { .. } => Disposition::Release,
@@ -265,7 +232,7 @@ impl ApiError {
 
     pub fn problem(&self) -> Problem {
         let detail = match self {
-            ApiError::Internal(_) => "the server failed to answer; the error was logged".to_owned(),
+            ApiError::Idempotency(error) => error.public_detail(),
             other => other.to_string(),
         };
         Problem {
@@ -289,24 +256,16 @@ impl ApiError {
     }
 }
 
-/// The idempotency layer's errors are API errors of the same `code`,
-/// status and detail: the layer renders them through this, so its answers
-/// are the API's (docs/design.md#status-codes).
+/// The idempotency layer's errors are API errors: the layer renders them
+/// through this, so its answers are the API's (docs/design.md#status-codes).
+/// An unreadable body is the API's `invalid_request`, as any bad body is.
 impl From<IdempotencyError> for ApiError {
     fn from(error: IdempotencyError) -> Self {
         match error {
-            IdempotencyError::KeyMissing => ApiError::IdempotencyKeyMissing,
-            IdempotencyError::KeyInvalid { reason } => ApiError::IdempotencyKeyInvalid { reason },
             body_unreadable @ IdempotencyError::BodyUnreadable { .. } => ApiError::InvalidRequest {
                 detail: body_unreadable.to_string(),
             },
-            IdempotencyError::PayloadTooLarge { limit_bytes } => ApiError::PayloadTooLarge { limit_bytes },
-            IdempotencyError::RequestInProgress { retry_after_s } => ApiError::RequestInProgress { retry_after_s },
-            IdempotencyError::KeyReused => ApiError::IdempotencyKeyReused,
-            IdempotencyError::StoreUnavailable { retry_after_s } => ApiError::StoreUnavailable { retry_after_s },
-            IdempotencyError::RecordUnreadable => ApiError::RecordUnreadable,
-            IdempotencyError::ResponseNotSaved { reason } => ApiError::ResponseNotSaved { reason },
-            IdempotencyError::Internal(detail) => ApiError::Internal(detail),
+            other => ApiError::Idempotency(other),
         }
     }
 }
@@ -325,7 +284,7 @@ impl IntoResponse for ApiError {
         let extensions = response.extensions_mut();
         extensions.insert(Outcome(self.outcome()));
         extensions.insert(self.disposition());
-        if let ApiError::Internal(detail) = self {
+        if let ApiError::Idempotency(IdempotencyError::Internal(detail)) = self {
             extensions.insert(LoggedError(detail));
         }
         response
@@ -377,7 +336,7 @@ mod tests {
 
     #[test]
     fn internal_details_never_reach_the_body() {
-        let error = ApiError::Internal("disk on fire at /var/lib/idem".into());
+        let error = ApiError::internal("disk on fire at /var/lib/idem");
         let body = String::from_utf8(error.body_bytes()).unwrap();
         assert!(!body.contains("disk on fire"), "{body}");
         assert!(body.contains("\"code\":\"internal_error\""), "{body}");
@@ -387,25 +346,28 @@ mod tests {
     /// here, which is the reminder to add it to `ApiError::samples`.
     fn kind_index(error: &ApiError) -> usize {
         match error {
-            ApiError::IdempotencyKeyMissing => 0,
-            ApiError::IdempotencyKeyInvalid { .. } => 1,
+            ApiError::Idempotency(IdempotencyError::KeyMissing) => 0,
+            ApiError::Idempotency(IdempotencyError::KeyInvalid { .. }) => 1,
             ApiError::InvalidRequest { .. } => 2,
             ApiError::Unauthorized => 3,
             ApiError::NotFound => 4,
             ApiError::MethodNotAllowed { .. } => 5,
             ApiError::UnsupportedMediaType { .. } => 6,
-            ApiError::PayloadTooLarge { .. } => 7,
-            ApiError::RequestInProgress { .. } => 8,
-            ApiError::IdempotencyKeyReused => 9,
+            ApiError::Idempotency(IdempotencyError::PayloadTooLarge { .. }) => 7,
+            ApiError::Idempotency(IdempotencyError::RequestInProgress { .. }) => 8,
+            ApiError::Idempotency(IdempotencyError::KeyReused) => 9,
             ApiError::DownstreamUnavailable { .. } => 10,
             ApiError::DownstreamRejected { .. } => 11,
-            ApiError::StoreUnavailable { .. } => 12,
+            ApiError::Idempotency(IdempotencyError::StoreUnavailable { .. }) => 12,
             ApiError::Overloaded { .. } => 13,
             ApiError::RequestTimeout { .. } => 14,
-            ApiError::Internal(_) => 15,
+            ApiError::Idempotency(IdempotencyError::Internal(_)) => 15,
             ApiError::ShuttingDown { .. } => 16,
-            ApiError::RecordUnreadable => 17,
-            ApiError::ResponseNotSaved { .. } => 18,
+            ApiError::Idempotency(IdempotencyError::RecordUnreadable) => 17,
+            ApiError::Idempotency(IdempotencyError::ResponseNotSaved { .. }) => 18,
+            // The layer turns an unreadable body into `InvalidRequest`
+            // (`From<IdempotencyError>`); it is never an `ApiError` itself.
+            ApiError::Idempotency(IdempotencyError::BodyUnreadable { .. }) => usize::MAX,
         }
     }
 
@@ -424,36 +386,48 @@ mod tests {
     #[test]
     fn codes_and_statuses_are_the_contract() {
         let cases = [
-            (ApiError::IdempotencyKeyMissing, 400, "idempotency_key_missing"),
             (
-                ApiError::IdempotencyKeyInvalid { reason: "x".into() },
+                ApiError::from(IdempotencyError::KeyMissing),
+                400,
+                "idempotency_key_missing",
+            ),
+            (
+                ApiError::from(IdempotencyError::KeyInvalid { reason: "x".into() }),
                 400,
                 "idempotency_key_invalid",
             ),
             (ApiError::InvalidRequest { detail: "x".into() }, 400, "invalid_request"),
             (ApiError::Unauthorized, 401, "unauthorized"),
-            (ApiError::PayloadTooLarge { limit_bytes: 1 }, 413, "payload_too_large"),
             (
-                ApiError::RequestInProgress { retry_after_s: 1 },
+                ApiError::from(IdempotencyError::PayloadTooLarge { limit_bytes: 1 }),
+                413,
+                "payload_too_large",
+            ),
+            (
+                ApiError::from(IdempotencyError::RequestInProgress { retry_after_s: 1 }),
                 409,
                 "request_in_progress",
             ),
-            (ApiError::IdempotencyKeyReused, 422, "idempotency_key_reused"),
+            (
+                ApiError::from(IdempotencyError::KeyReused),
+                422,
+                "idempotency_key_reused",
+            ),
             (
                 ApiError::DownstreamUnavailable { retry_after_s: 1 },
                 503,
                 "downstream_unavailable",
             ),
-            (
-                ApiError::StoreUnavailable { retry_after_s: 1 },
-                503,
-                "store_unavailable",
-            ),
+            (ApiError::store_unavailable(1), 503, "store_unavailable"),
             (ApiError::Overloaded { retry_after_s: 1 }, 503, "overloaded"),
             (ApiError::ShuttingDown { retry_after_s: 1 }, 503, "shutting_down"),
-            (ApiError::RecordUnreadable, 500, "record_unreadable"),
             (
-                ApiError::ResponseNotSaved { reason: "x".into() },
+                ApiError::from(IdempotencyError::RecordUnreadable),
+                500,
+                "record_unreadable",
+            ),
+            (
+                ApiError::from(IdempotencyError::ResponseNotSaved { reason: "x".into() }),
                 500,
                 "response_not_saved",
             ),

@@ -197,14 +197,14 @@ fn register_requests_at_zero() {
     }
     let retry_after_s = 1;
     for error in [
-        ApiError::StoreUnavailable { retry_after_s },
+        ApiError::store_unavailable(retry_after_s),
         ApiError::Overloaded { retry_after_s },
         ApiError::RequestTimeout {
             limit_ms: 0,
             retry_after_s,
         },
         ApiError::DownstreamUnavailable { retry_after_s },
-        ApiError::Internal(String::new()),
+        ApiError::internal(String::new()),
     ] {
         metrics::counter!(HTTP_REQUESTS_TOTAL, "route" => crate::app::LABELS_ROUTE, "method" => "POST",
             "status" => error.status().as_str().to_owned(), "outcome" => error.outcome())

@@ -139,7 +139,7 @@ async fn save_rejection(attempt: Attempt, carrier_status: u16, detail: String) -
     let saved = match error.saved() {
         Ok(saved) => saved,
         Err(invalid) => {
-            let answer = ApiError::Internal(format!("carrier refusal cannot be saved: {invalid}"));
+            let answer = ApiError::internal(format!("carrier refusal cannot be saved: {invalid}"));
             return attempt.release(answer.into_response()).await;
         }
     };
