@@ -143,7 +143,11 @@ where
                     let mut response = match claimed {
                         Ok(Claimed::Run(claimed)) => {
                             let (attempt, request) = *claimed;
-                            return run_route(attempt, inner, request, &finish_policy).await;
+                            // A waiter that became the attempt waited too.
+                            // The header is added after the answer was
+                            // saved: it describes this exchange, and a
+                            // replay does not carry it.
+                            run_route(attempt, inner, request, &finish_policy).await
                         }
                         Ok(Claimed::Answer(response)) => response,
                         Err(error) => idempotency.render(error),

@@ -178,6 +178,8 @@ async fn when_the_first_attempt_releases_exactly_one_waiter_runs() {
     for waiter in waiters {
         let (status, headers, body) = waiter.await.unwrap();
         assert_eq!((status, &body[..]), (StatusCode::CREATED, &b"call 1"[..]));
+        // Every waiter waited, the one that became the attempt too.
+        assert_eq!(headers[PREFERENCE_APPLIED_HEADER], "wait=10");
         if headers.get(REPLAYED_HEADER).is_none() {
             ran += 1;
         }
