@@ -30,5 +30,5 @@ pub use store::{BoxError, IdempotencyStore, PURGE_BATCH_MAX, StoreError};
 pub use types::*;
 pub use waiting::{
     ChangeHub, ChangeNotifier, ChangeSource, RecordId, RecordWatch, WaitLimits, WaitRefused, WaitedClaim, WatchGuard,
-    Woken, claim_waiting,
+    Woken, claim_waiting, reconnect_delay,
 };

@@ -214,6 +214,16 @@ pub trait ChangeSource: Send + Sync + 'static {
     }
 }
 
+/// The pause before a notification source (a listening connection, a
+/// subscriber, a watch) tries again after `failures` failures in a row:
+/// `min_ms` doubled once per failure (`min_ms` itself after a connection
+/// that ended without failing), at most `max_ms`.
+/// Meanwhile the waiters' fallback poll covers what nobody heard.
+pub fn reconnect_delay(failures: u32, min_ms: u64, max_ms: u64) -> Duration {
+    let doubled = min_ms.saturating_mul(1 << failures.min(16));
+    Duration::from_millis(doubled.min(max_ms))
+}
+
 /// Stops what [`ChangeSource::watch_record`] started when dropped.
 #[must_use]
 pub struct WatchGuard(Option<Box<dyn FnOnce() + Send>>);
@@ -625,6 +635,15 @@ mod tests {
         ] {
             assert_eq!(RecordId::from_tag(bad), None, "{bad:?}");
         }
+    }
+
+    #[test]
+    fn the_reconnect_delay_doubles_from_its_floor_up_to_its_cap() {
+        let delays: Vec<u64> = [0, 1, 2, 3, 40]
+            .into_iter()
+            .map(|failures| reconnect_delay(failures, 50, 2_000).as_millis() as u64)
+            .collect();
+        assert_eq!(delays, [50, 100, 200, 400, 2_000]);
     }
 
     #[test]

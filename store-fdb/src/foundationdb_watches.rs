@@ -21,8 +21,7 @@ use crate::keys::KeyLayout;
 use ::foundationdb::{Database, FdbError};
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
-use store_core::{ChangeNotifier, ChangeSource, RecordId, WatchGuard};
+use store_core::{ChangeNotifier, ChangeSource, RecordId, WatchGuard, reconnect_delay};
 
 /// First pause before arming a watch again after a failure.
 pub const WATCH_RETRY_DELAY_MS_MIN: u64 = 50;
@@ -68,7 +67,12 @@ async fn keep_watching(database: Arc<Database>, key: Vec<u8>, record: RecordId, 
         if let Err(error) = fired {
             failures = failures.saturating_add(1);
             tracing::debug!(%record, %error, failures, "a FoundationDB watch failed; waiters poll until it is armed again");
-            tokio::time::sleep(retry_delay(failures)).await;
+            tokio::time::sleep(reconnect_delay(
+                failures,
+                WATCH_RETRY_DELAY_MS_MIN,
+                WATCH_RETRY_DELAY_MS_MAX,
+            ))
+            .await;
         }
     }
 }
@@ -80,21 +84,4 @@ async fn arm_watch(database: &Database, key: &[u8]) -> Result<impl Future<Output
     let watch = transaction.watch(key);
     transaction.commit().await.map_err(FdbError::from)?;
     Ok(watch)
-}
-
-fn retry_delay(failures: u32) -> Duration {
-    let doubled = WATCH_RETRY_DELAY_MS_MIN.saturating_mul(1 << failures.min(16));
-    Duration::from_millis(doubled.min(WATCH_RETRY_DELAY_MS_MAX))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_retry_delay_doubles_up_to_its_cap() {
-        assert_eq!(retry_delay(1), Duration::from_millis(100));
-        assert_eq!(retry_delay(2), Duration::from_millis(200));
-        assert_eq!(retry_delay(40), Duration::from_millis(WATCH_RETRY_DELAY_MS_MAX));
-    }
 }

@@ -31,7 +31,7 @@ use deadpool_postgres::Pool;
 use std::future::poll_fn;
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
-use store_core::{ChangeNotifier, ChangeSource, RecordId, StoreError, WatchGuard};
+use store_core::{ChangeNotifier, ChangeSource, RecordId, StoreError, WatchGuard, reconnect_delay};
 use tokio::task::JoinHandle;
 use tokio_postgres::{AsyncMessage, NoTls};
 
@@ -150,7 +150,12 @@ async fn listen_while_alive(config: tokio_postgres::Config, tls: ListenerTls, no
                 tracing::warn!(%error, failures, "the postgresql change listener failed; waiters poll until it listens again");
             }
         }
-        tokio::time::sleep(retry_delay(failures)).await;
+        tokio::time::sleep(reconnect_delay(
+            failures,
+            LISTENER_RETRY_DELAY_MS_MIN,
+            LISTENER_RETRY_DELAY_MS_MAX,
+        ))
+        .await;
     }
 }
 
@@ -210,12 +215,4 @@ fn hand_on(message: AsyncMessage, notifier: &ChangeNotifier) -> bool {
             notifier.is_alive()
         }
     }
-}
-
-fn retry_delay(failures: u32) -> Duration {
-    if failures == 0 {
-        return Duration::from_millis(LISTENER_RETRY_DELAY_MS_MIN);
-    }
-    let doubled = LISTENER_RETRY_DELAY_MS_MIN.saturating_mul(1 << failures.min(16));
-    Duration::from_millis(doubled.min(LISTENER_RETRY_DELAY_MS_MAX))
 }

@@ -62,10 +62,7 @@ async fn a_notification_lost_with_the_listening_connection_is_covered_and_the_li
     let raw = common::raw_client(&database.config().url).await;
     let caller = unique_caller();
 
-    let lease = match writing.claim(&claim_request(&caller, "k", "body")).await.unwrap() {
-        ClaimOutcome::Acquired(acquired) => acquired.lease,
-        other => panic!("expected acquired, got {other:?}"),
-    };
+    let lease = acquired(&writing, &caller, "k").await;
     let request = claim_request(&caller, "k", "body");
     let mut watch = hub.subscribe(&caller, &request.key).expect("subscribe");
     watch.expect_end().await.expect("mark the record waited");
@@ -100,10 +97,7 @@ async fn a_notification_lost_with_the_listening_connection_is_covered_and_the_li
     // The listener listens again, on a new connection: the next completion
     // wakes its waiter by notification, before any poll.
     hub.set_limits(WaitLimits::new(8, 8, WAIT_TEST_POLL_INTERVAL_MS).unwrap());
-    let again = match writing.claim(&claim_request(&caller, "k2", "body")).await.unwrap() {
-        ClaimOutcome::Acquired(acquired) => acquired.lease,
-        other => panic!("expected acquired, got {other:?}"),
-    };
+    let again = acquired(&writing, &caller, "k2").await;
     let key = claim_request(&caller, "k2", "body").key;
     let mut watch = hub.subscribe(&caller, &key).expect("subscribe");
     watch.expect_end().await.expect("mark the record waited");

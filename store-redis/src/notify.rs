@@ -28,8 +28,7 @@ use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
 use redis::{ProtocolVersion, PushInfo, PushKind, RedisResult, TlsCertificates, Value};
 use std::sync::{Mutex, PoisonError};
-use std::time::Duration;
-use store_core::{ChangeNotifier, ChangeSource, RecordId, WatchGuard};
+use store_core::{ChangeNotifier, ChangeSource, RecordId, WatchGuard, reconnect_delay};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
@@ -197,7 +196,12 @@ async fn subscribe_while_alive(
             Err(error) => {
                 failures = failures.saturating_add(1);
                 tracing::warn!(%error, failures, "the redis change subscriber cannot connect; waiters poll meanwhile");
-                tokio::time::sleep(retry_delay(failures)).await;
+                tokio::time::sleep(reconnect_delay(
+                    failures,
+                    SUBSCRIBER_RETRY_DELAY_MS_MIN,
+                    SUBSCRIBER_RETRY_DELAY_MS_MAX,
+                ))
+                .await;
                 if !notifier.is_alive() {
                     return;
                 }
@@ -254,11 +258,6 @@ fn hand_on(push: PushInfo, notifier: &ChangeNotifier) -> bool {
         Some(record) => notifier.notify(&record),
         None => notifier.is_alive(),
     }
-}
-
-fn retry_delay(failures: u32) -> Duration {
-    let doubled = SUBSCRIBER_RETRY_DELAY_MS_MIN.saturating_mul(1 << failures.min(16));
-    Duration::from_millis(doubled.min(SUBSCRIBER_RETRY_DELAY_MS_MAX))
 }
 
 #[cfg(test)]

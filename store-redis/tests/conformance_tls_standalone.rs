@@ -6,7 +6,7 @@ use std::sync::Arc;
 use store_core::Policy;
 use store_core::testkit::SharedStore;
 use store_redis::RedisStore;
-use store_redis::testkit::{StoreWithServer, shared_tls_server};
+use store_redis::testkit::{StoreWithServer, shared_tls_server, two_instances};
 
 async fn make(policy: Policy) -> SharedStore {
     let server = shared_tls_server().expect("redis-server starts with TLS");
@@ -24,14 +24,7 @@ store_core::conformance_tests!(make);
 /// must speak TLS too, or a waiter is never woken by the other's write.
 async fn pair(policy: Policy) -> (SharedStore, SharedStore) {
     let server = shared_tls_server().expect("redis-server starts with TLS");
-    let first = RedisStore::connect(server.config(), policy).await.expect("first store");
-    let second = RedisStore::connect(server.config(), policy)
-        .await
-        .expect("second store");
-    (
-        Arc::new(StoreWithServer::new(first, server.clone())),
-        Arc::new(StoreWithServer::new(second, server)),
-    )
+    two_instances(server.clone(), server.config(), policy).await
 }
 
 mod waiting {

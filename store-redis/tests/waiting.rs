@@ -3,39 +3,22 @@
 //! subscriber) over one standalone server and over one three-master
 //! cluster, and what happens when the subscriber connection is killed.
 
-use std::sync::Arc;
 use std::time::Duration;
 use store_core::testkit::waiting::{WAIT_TEST_POLL_INTERVAL_MS, waiting_policy};
 use store_core::testkit::{SharedStore, claim_request, response, unique_caller};
 use store_core::{CallerId, ClaimOutcome, Fenced, IdempotencyStore, Policy, WaitLimits, Woken};
 use store_redis::RedisStore;
-use store_redis::testkit::{RedisServer, StoreWithServer, shared_cluster, shared_server};
+use store_redis::testkit::{RedisServer, shared_cluster, shared_server, two_instances};
 use tokio::time::Instant;
 
 async fn standalone_pair(policy: Policy) -> (SharedStore, SharedStore) {
     let server = shared_server().expect("redis-server starts");
-    let first = RedisStore::connect(server.config(), policy).await.expect("first store");
-    let second = RedisStore::connect(server.config(), policy)
-        .await
-        .expect("second store");
-    (
-        Arc::new(StoreWithServer::new(first, server.clone())),
-        Arc::new(StoreWithServer::new(second, server)),
-    )
+    two_instances(server.clone(), server.config(), policy).await
 }
 
 async fn cluster_pair(policy: Policy) -> (SharedStore, SharedStore) {
     let cluster = shared_cluster().expect("redis cluster starts");
-    let first = RedisStore::connect(cluster.config(), policy)
-        .await
-        .expect("first store");
-    let second = RedisStore::connect(cluster.config(), policy)
-        .await
-        .expect("second store");
-    (
-        Arc::new(StoreWithServer::new(first, cluster.clone())),
-        Arc::new(StoreWithServer::new(second, cluster)),
-    )
+    two_instances(cluster.clone(), cluster.config(), policy).await
 }
 
 mod standalone {

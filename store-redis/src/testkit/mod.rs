@@ -21,7 +21,9 @@ mod shared;
 
 pub use cluster::{CLUSTER_MASTERS, CLUSTER_READY_MS_MAX, RedisCluster};
 pub use server::{ClientAuth, REDIS_CLI_PROGRAM, REDIS_SERVER_PROGRAM, RedisServer, STARTUP_MS_MAX, TlsSetup};
-pub use shared::{StoreWithServer, shared_cluster, shared_server, shared_tls_cluster, shared_tls_server};
+pub use shared::{
+    StoreWithServer, shared_cluster, shared_server, shared_tls_cluster, shared_tls_server, two_instances,
+};
 
 use std::io;
 

@@ -8,11 +8,13 @@
 
 use super::{ClientAuth, HarnessError, RedisCluster, RedisServer, TlsSetup};
 use crate::RedisStore;
+use crate::config::RedisConfig;
 use async_trait::async_trait;
 use std::sync::{Arc, Mutex, Weak};
+use store_core::testkit::SharedStore;
 use store_core::{
     CallerId, ClaimOutcome, ClaimRequest, Fenced, ForgetOutcome, HeldLease, IdempotencyKey, IdempotencyStore,
-    KeyDigest, PurgeReport, Record, RecoveryPoint, SavedResponse, StoreError,
+    KeyDigest, Policy, PurgeReport, Record, RecoveryPoint, SavedResponse, StoreError,
 };
 
 static SHARED_SERVER: Mutex<Weak<RedisServer>> = Mutex::new(Weak::new());
@@ -55,6 +57,22 @@ fn shared<T>(slot: &Mutex<Weak<T>>, start: fn() -> Result<T, HarnessError>) -> R
     let started = Arc::new(start()?);
     *weak = Arc::downgrade(&started);
     Ok(started)
+}
+
+/// Two instances of the store over one shared server or cluster, each with
+/// its own connections and its own subscriber: what store-core's waiting
+/// suite runs on.
+pub async fn two_instances<S: Send + Sync + 'static>(
+    server: Arc<S>,
+    config: RedisConfig,
+    policy: Policy,
+) -> (SharedStore, SharedStore) {
+    let first = RedisStore::connect(config.clone(), policy).await.expect("first store");
+    let second = RedisStore::connect(config, policy).await.expect("second store");
+    (
+        Arc::new(StoreWithServer::new(first, server.clone())),
+        Arc::new(StoreWithServer::new(second, server)),
+    )
 }
 
 /// A [`RedisStore`] that keeps the server (or cluster) it talks to alive.
