@@ -9,6 +9,15 @@ use std::path::PathBuf;
 pub const DEADLINE_MS_DEFAULT: u64 = 250;
 /// Attempts per intent before the client gives up (the intent is then lost).
 pub const ATTEMPTS_MAX_DEFAULT: u32 = 10;
+/// Requests the client has on the wire at once, over all instances: the
+/// connection pool of a Fulfilment service, as HTTP clients bound it (the
+/// AWS SDKs' `maxConnections`, OkHttp's `maxRequests`). Without a bound, an
+/// overloaded server meets one new connection per queued intent, and the
+/// client's own pool scans its waiters on every return (hyper-util's
+/// `clean_waiters`): BENCHMARKS.md, "The client's connection pool".
+pub const CONNECTIONS_MAX_DEFAULT: usize = 256;
+/// Most `--connections-max` accepted.
+pub const CONNECTIONS_MAX_LIMIT: usize = 10_000;
 /// First backoff after a retryable answer.
 pub const BACKOFF_MS_BASE_DEFAULT: u64 = 20;
 /// Longest backoff between two attempts.
@@ -80,6 +89,11 @@ pub struct FulfilmentArgs {
     /// Attempts per intent before giving up.
     #[arg(long, default_value_t = ATTEMPTS_MAX_DEFAULT)]
     pub attempts_max: u32,
+    /// Requests on the wire at once (the client's connection pool), 1 to
+    /// 10,000. An attempt waits for a connection within its deadline; one
+    /// that gets none in time counts as a timeout that never reached the server.
+    #[arg(long, default_value_t = CONNECTIONS_MAX_DEFAULT)]
+    pub connections_max: usize,
     /// First backoff after a timeout, 409 or 503, in milliseconds (doubles per attempt, full jitter).
     #[arg(long, default_value_t = BACKOFF_MS_BASE_DEFAULT)]
     pub backoff_base_ms: u64,

@@ -12,7 +12,7 @@
 //! Every attempt's answer is counted by kind ([`AttemptCounts`]) and every
 //! label id an intent received is kept ([`IntentLog`]), for the audit.
 
-use super::cli::{ClientProfile, FulfilmentArgs, KeyMode, PREFER_WAIT_S_MAX};
+use super::cli::{CONNECTIONS_MAX_LIMIT, ClientProfile, FulfilmentArgs, KeyMode, PREFER_WAIT_S_MAX};
 use crate::engine::Workload;
 use crate::intent::{Intent, LABELS_PATH, RunIds};
 use crate::recorder::{Outcome, latency_histogram, micros};
@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use std::time::Instant;
-use tokio::sync::{Notify, mpsc};
+use tokio::sync::{Notify, Semaphore, mpsc};
 
 /// The replay header (Stripe's convention, which the Label service follows).
 pub const REPLAYED_HEADER: &str = "idempotent-replayed";
@@ -106,6 +106,8 @@ impl RetryQuota {
 pub enum ClientError {
     #[error("--attempts-max must be 1 to {ATTEMPTS_LIMIT}")]
     Attempts,
+    #[error("--connections-max must be 1 to {CONNECTIONS_MAX_LIMIT}")]
+    Connections,
     #[error("--duplicate-share must be between 0 and 1")]
     DuplicateShare,
     #[error("--deadline-ms must be at least 1")]
@@ -128,6 +130,8 @@ pub struct ClientSettings {
     pub profile: ClientProfile,
     pub deadline: Duration,
     pub attempts_max: u32,
+    /// Requests on the wire at once: the connection pool's bound.
+    pub connections_max: usize,
     pub backoff_base: Duration,
     pub backoff_cap: Duration,
     pub duplicate_share: f64,
@@ -167,6 +171,9 @@ impl ClientSettings {
         if !(1..=ATTEMPTS_LIMIT).contains(&args.attempts_max) {
             return Err(ClientError::Attempts);
         }
+        if !(1..=CONNECTIONS_MAX_LIMIT).contains(&args.connections_max) {
+            return Err(ClientError::Connections);
+        }
         if !(0.0..=1.0).contains(&args.duplicate_share) {
             return Err(ClientError::DuplicateShare);
         }
@@ -194,6 +201,7 @@ impl ClientSettings {
             profile: args.client_profile,
             deadline: Duration::from_millis(args.deadline_ms),
             attempts_max: args.attempts_max,
+            connections_max: args.connections_max,
             backoff_base: Duration::from_millis(args.backoff_base_ms.max(1)),
             backoff_cap: Duration::from_millis(args.backoff_cap_ms.max(args.backoff_base_ms).max(1)),
             duplicate_share: args.duplicate_share,
@@ -554,6 +562,8 @@ struct CopyResult {
 /// The Fulfilment client as a [`Workload`]: operation `index` is intent `index`.
 pub struct FulfilmentClient {
     http: reqwest::Client,
+    /// One permit per request on the wire ([`ClientSettings::connections_max`]).
+    connections: Arc<Semaphore>,
     settings: ClientSettings,
     ids: RunIds,
     pub counts: Arc<AttemptCounts>,
@@ -572,6 +582,7 @@ impl FulfilmentClient {
             .map_err(|error| ClientError::Build(error.to_string()))?;
         Ok(Self {
             http,
+            connections: Arc::new(Semaphore::new(settings.connections_max)),
             settings,
             ids,
             counts: Arc::new(AttemptCounts::default()),
@@ -594,6 +605,24 @@ impl FulfilmentClient {
     }
 }
 
+impl FulfilmentClient {
+    /// Copy `copy_number` of `intent`, sharing this client's connections,
+    /// counts and quota.
+    fn copy(&self, intent: Intent, copy_number: u32) -> IntentCopy {
+        IntentCopy {
+            copy_number,
+            http: self.http.clone(),
+            connections: self.connections.clone(),
+            settings: self.settings.clone(),
+            counts: self.counts.clone(),
+            quota: self.quota.clone(),
+            timeline: self.timeline.clone(),
+            waits: self.waits.clone(),
+            intent,
+        }
+    }
+}
+
 impl Workload for FulfilmentClient {
     fn settle(&self) -> BoxFuture<'_, ()> {
         Box::pin(async move {
@@ -611,16 +640,7 @@ impl Workload for FulfilmentClient {
         self.log.start(intent, copies);
         let (sender, mut receiver) = mpsc::channel::<CopyResult>(2);
         for copy_number in 0..copies {
-            let copy = IntentCopy {
-                copy_number,
-                http: self.http.clone(),
-                settings: self.settings.clone(),
-                counts: self.counts.clone(),
-                quota: self.quota.clone(),
-                timeline: self.timeline.clone(),
-                waits: self.waits.clone(),
-                intent,
-            };
+            let copy = self.copy(intent, copy_number);
             let log = self.log.clone();
             let sender = sender.clone();
             tokio::spawn(async move {
@@ -659,6 +679,7 @@ struct IntentCopy {
     /// 0, or 1 for the second copy of an intent sent twice.
     copy_number: u32,
     http: reqwest::Client,
+    connections: Arc<Semaphore>,
     settings: ClientSettings,
     counts: Arc<AttemptCounts>,
     quota: Arc<RetryQuota>,
@@ -764,6 +785,16 @@ impl IntentCopy {
     /// One attempt, asking the server to wait when `asks_to_wait` (with
     /// the deadline stretched by the wait).
     async fn send(&self, url: &reqwest::Url, key: &str, body: &[u8], asks_to_wait: bool) -> Replied {
+        let mut deadline = self.settings.deadline;
+        if let Some(wait_s) = self.settings.prefer_wait_s.filter(|_| asks_to_wait) {
+            deadline += Duration::from_secs(wait_s);
+        }
+        // A connection from the bounded pool, within the attempt's deadline.
+        let waited_from = Instant::now();
+        let Ok(Ok(_connection)) = tokio::time::timeout(deadline, self.connections.acquire()).await else {
+            return Replied::unanswered(Answer::Timeout, None);
+        };
+        let deadline = deadline.saturating_sub(waited_from.elapsed());
         let mut request = self
             .http
             .post(url.clone())
@@ -771,10 +802,8 @@ impl IntentCopy {
             .header("idempotency-key", key)
             .header("content-type", "application/json")
             .body(body.to_vec());
-        let mut deadline = self.settings.deadline;
         if let Some(wait_s) = self.settings.prefer_wait_s.filter(|_| asks_to_wait) {
             request = request.header(PREFER_HEADER, format!("wait={wait_s}"));
-            deadline += Duration::from_secs(wait_s);
         }
         let response = match request.timeout(deadline).send().await {
             Ok(response) => response,
@@ -911,6 +940,48 @@ mod tests {
             ClientSettings::new(&["not a url".to_owned()], &args, 1),
             Err(ClientError::Url(_))
         ));
+    }
+
+    /// The pool's bound holds: with one connection and a server that never
+    /// answers, two attempts at once open one connection; the second times
+    /// out waiting for it without reaching the server.
+    #[tokio::test]
+    async fn attempts_share_a_bounded_pool_of_connections() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/", listener.local_addr().unwrap());
+        let accepted = Arc::new(AtomicU64::new(0));
+        let counting = accepted.clone();
+        let server = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((connection, _)) = listener.accept().await {
+                counting.fetch_add(1, Ordering::SeqCst);
+                held.push(connection);
+            }
+        });
+        let argv = ["test", "--connections-max", "1", "--deadline-ms", "300"];
+        let args = Wrapper::parse_from(argv).args;
+        let settings = ClientSettings::new(&[url], &args, 1).unwrap();
+        let client = FulfilmentClient::new(settings, RunIds::random()).unwrap();
+        let (first, second) = (
+            client.copy(client.ids.intent(0), 0),
+            client.copy(client.ids.intent(1), 0),
+        );
+        let url = client.settings.labels_urls[0].clone();
+        let (first, second) = tokio::join!(
+            first.send(&url, "key-0", b"{}", false),
+            second.send(&url, "key-1", b"{}", false)
+        );
+        assert_eq!((first.answer, second.answer), (Answer::Timeout, Answer::Timeout));
+        assert_eq!(accepted.load(Ordering::SeqCst), 1, "one connection for two attempts");
+        server.abort();
+        for refused in ["0", "10001"] {
+            let args = Wrapper::parse_from(["test", "--connections-max", refused]).args;
+            assert_eq!(
+                ClientSettings::new(&["http://x".to_owned()], &args, 1).unwrap_err(),
+                ClientError::Connections,
+                "{refused}"
+            );
+        }
     }
 
     #[test]
