@@ -14,7 +14,7 @@ pub const ATTEMPTS_MAX_DEFAULT: u32 = 10;
 /// AWS SDKs' `maxConnections`, OkHttp's `maxRequests`). Without a bound, an
 /// overloaded server meets one new connection per queued intent, and the
 /// client's own pool scans its waiters on every return (hyper-util's
-/// `clean_waiters`): BENCHMARKS.md, "The client's connection pool".
+/// `clean_waiters`): BENCHMARKS.md, "2,000/s on an AMD EPYC machine".
 pub const CONNECTIONS_MAX_DEFAULT: usize = 256;
 /// Most `--connections-max` accepted.
 pub const CONNECTIONS_MAX_LIMIT: usize = 10_000;

@@ -603,9 +603,7 @@ impl FulfilmentClient {
         let roll = splitmix64(self.settings.seed ^ index.wrapping_mul(0x9e37_79b9_7f4a_7c15));
         (roll as f64 / u64::MAX as f64) < self.settings.duplicate_share
     }
-}
 
-impl FulfilmentClient {
     /// Copy `copy_number` of `intent`, sharing this client's connections,
     /// counts and quota.
     fn copy(&self, intent: Intent, copy_number: u32) -> IntentCopy {
@@ -785,10 +783,8 @@ impl IntentCopy {
     /// One attempt, asking the server to wait when `asks_to_wait` (with
     /// the deadline stretched by the wait).
     async fn send(&self, url: &reqwest::Url, key: &str, body: &[u8], asks_to_wait: bool) -> Replied {
-        let mut deadline = self.settings.deadline;
-        if let Some(wait_s) = self.settings.prefer_wait_s.filter(|_| asks_to_wait) {
-            deadline += Duration::from_secs(wait_s);
-        }
+        let wait_s = self.settings.prefer_wait_s.filter(|_| asks_to_wait);
+        let deadline = self.settings.deadline + Duration::from_secs(wait_s.unwrap_or(0));
         // A connection from the bounded pool, within the attempt's deadline.
         let waited_from = Instant::now();
         let Ok(Ok(_connection)) = tokio::time::timeout(deadline, self.connections.acquire()).await else {
@@ -802,7 +798,7 @@ impl IntentCopy {
             .header("idempotency-key", key)
             .header("content-type", "application/json")
             .body(body.to_vec());
-        if let Some(wait_s) = self.settings.prefer_wait_s.filter(|_| asks_to_wait) {
+        if let Some(wait_s) = wait_s {
             request = request.header(PREFER_HEADER, format!("wait={wait_s}"));
         }
         let response = match request.timeout(deadline).send().await {
