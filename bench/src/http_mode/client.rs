@@ -938,15 +938,22 @@ mod tests {
         ));
     }
 
-    /// The pool's bound holds: with one connection and a server that never
-    /// answers, two attempts at once open one connection; the second times
-    /// out waiting for it without reaching the server.
+    /// What the settings refuse `flag value` with.
+    fn refusal(flag: &str, value: &str) -> ClientError {
+        let args = Wrapper::parse_from(["test", flag, value]).args;
+        ClientSettings::new(&["http://x".to_owned()], &args, 1).unwrap_err()
+    }
+
+    /// The pool's bound holds: while its only connection is taken, an
+    /// attempt times out waiting for one without reaching the server; once
+    /// it is free, the next attempt connects.
     #[tokio::test]
     async fn attempts_share_a_bounded_pool_of_connections() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}/", listener.local_addr().unwrap());
         let accepted = Arc::new(AtomicU64::new(0));
         let counting = accepted.clone();
+        // A server that accepts and never answers.
         let server = tokio::spawn(async move {
             let mut held = Vec::new();
             while let Ok((connection, _)) = listener.accept().await {
@@ -958,22 +965,24 @@ mod tests {
         let args = Wrapper::parse_from(argv).args;
         let settings = ClientSettings::new(&[url], &args, 1).unwrap();
         let client = FulfilmentClient::new(settings, RunIds::random()).unwrap();
-        let (first, second) = (
-            client.copy(client.ids.intent(0), 0),
-            client.copy(client.ids.intent(1), 0),
-        );
+        let copy = client.copy(client.ids.intent(0), 0);
         let url = client.settings.labels_urls[0].clone();
-        let (first, second) = tokio::join!(
-            first.send(&url, "key-0", b"{}", false),
-            second.send(&url, "key-1", b"{}", false)
+        let taken = client.connections.clone().acquire_owned().await.unwrap();
+        let waited = copy.send(&url, "key-0", b"{}", false).await;
+        assert_eq!(waited.answer, Answer::Timeout);
+        assert_eq!(
+            accepted.load(Ordering::SeqCst),
+            0,
+            "no connection while the pool's only one is taken"
         );
-        assert_eq!((first.answer, second.answer), (Answer::Timeout, Answer::Timeout));
-        assert_eq!(accepted.load(Ordering::SeqCst), 1, "one connection for two attempts");
+        drop(taken);
+        let sent = copy.send(&url, "key-0", b"{}", false).await;
+        assert_eq!(sent.answer, Answer::Timeout, "the server never answers");
+        assert_eq!(accepted.load(Ordering::SeqCst), 1, "a free connection is used");
         server.abort();
         for refused in ["0", "10001"] {
-            let args = Wrapper::parse_from(["test", "--connections-max", refused]).args;
             assert_eq!(
-                ClientSettings::new(&["http://x".to_owned()], &args, 1).unwrap_err(),
+                refusal("--connections-max", refused),
                 ClientError::Connections,
                 "{refused}"
             );
@@ -992,12 +1001,7 @@ mod tests {
             Duration::from_secs(2) * plain.attempts_max
         );
         for refused in ["0", "301"] {
-            let args = Wrapper::parse_from(["test", "--prefer-wait", refused]).args;
-            assert_eq!(
-                ClientSettings::new(&["http://x".to_owned()], &args, 1).unwrap_err(),
-                ClientError::PreferWait,
-                "{refused}"
-            );
+            assert_eq!(refusal("--prefer-wait", refused), ClientError::PreferWait, "{refused}");
         }
     }
 
