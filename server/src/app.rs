@@ -183,7 +183,8 @@ impl App {
             Duration::from_millis(config.carrier.timeout_ms),
             carrier_roots,
         )
-        .map_err(StartupError::Carrier)?;
+        .map_err(StartupError::Carrier)?
+        .with_retries(config.carrier.retries());
         let tasks = TaskTracker::new();
         let state = AppState {
             idempotency: idempotency::builder(

@@ -14,6 +14,10 @@
 //! not silently fall back to a default. Every refusal names the field.
 
 use crate::admission::{ADMISSION_MS_MAX, ADMISSION_QUEUE_MAX_LIMIT, ADMISSION_WORKERS_MAX, AdmissionConfig};
+use crate::carrier::CarrierRetries;
+use crate::carrier::retry::{
+    CARRIER_RETRIES_LIMIT, CARRIER_RETRIES_MAX_DEFAULT, CARRIER_RETRY_BACKOFF_MS_DEFAULT, CARRIER_RETRY_BACKOFF_MS_MAX,
+};
 use crate::redact::redact_secrets;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
@@ -403,6 +407,11 @@ pub struct CarrierConfig {
     pub timeout_ms: u64,
     /// `Retry-After` when the carrier gave no definite answer.
     pub retry_after_s: u64,
+    /// Retries of a call that failed in a way a repeat may cure (a dropped
+    /// connection, a 5xx), within `timeout_ms`; 0 turns them off.
+    pub retries_max: u32,
+    /// Upper bound of the first retry's random pause; doubled per retry.
+    pub retry_backoff_ms: u64,
     pub simulator: SimulatorConfig,
 }
 
@@ -454,6 +463,8 @@ impl std::fmt::Debug for CarrierConfig {
             .field("ca_file", &self.ca_file)
             .field("timeout_ms", &self.timeout_ms)
             .field("retry_after_s", &self.retry_after_s)
+            .field("retries_max", &self.retries_max)
+            .field("retry_backoff_ms", &self.retry_backoff_ms)
             .field("simulator", &self.simulator)
             .finish()
     }
@@ -565,6 +576,16 @@ impl Default for StoreConfig {
     }
 }
 
+impl CarrierConfig {
+    /// How the carrier client retries a call within its request.
+    pub fn retries(&self) -> CarrierRetries {
+        CarrierRetries {
+            retries_max: self.retries_max,
+            backoff_base: std::time::Duration::from_millis(self.retry_backoff_ms),
+        }
+    }
+}
+
 impl Default for CarrierConfig {
     fn default() -> Self {
         Self {
@@ -572,6 +593,8 @@ impl Default for CarrierConfig {
             ca_file: String::new(),
             timeout_ms: CARRIER_TIMEOUT_MS_DEFAULT,
             retry_after_s: RETRY_AFTER_S_DEFAULT,
+            retries_max: CARRIER_RETRIES_MAX_DEFAULT,
+            retry_backoff_ms: CARRIER_RETRY_BACKOFF_MS_DEFAULT,
             simulator: SimulatorConfig::default(),
         }
     }
@@ -853,6 +876,18 @@ impl Config {
         let carrier = &self.carrier;
         check_range("carrier.timeout_ms", carrier.timeout_ms, 1, CARRIER_TIMEOUT_MS_MAX)?;
         check_range("carrier.retry_after_s", carrier.retry_after_s, 1, RETRY_AFTER_S_MAX)?;
+        check_range(
+            "carrier.retries_max",
+            u64::from(carrier.retries_max),
+            0,
+            u64::from(CARRIER_RETRIES_LIMIT),
+        )?;
+        check_range(
+            "carrier.retry_backoff_ms",
+            carrier.retry_backoff_ms,
+            1,
+            CARRIER_RETRY_BACKOFF_MS_MAX,
+        )?;
         // docs/design.md#lease-outlasts-call: an attempt must get its carrier answer (or give
         // up) while it still holds the lease, or two attempts run at once.
         if policy.lease_ms() <= carrier.timeout_ms {
@@ -1277,6 +1312,9 @@ mod tests {
         assert!(refusal(&[("IDEM__STORE__KIND", "mongodb")]).contains("mongodb"));
         assert!(refusal(&[("IDEM__CALLERS", "[]")]).contains("callers"));
         assert!(refusal(&[("IDEM__CARRIER__SIMULATOR__ERROR_RATE", "2")]).contains("carrier.simulator.error_rate"));
+        assert!(refusal(&[("IDEM__CARRIER__RETRIES_MAX", "11")]).contains("carrier.retries_max"));
+        assert!(refusal(&[("IDEM__CARRIER__RETRY_BACKOFF_MS", "0")]).contains("carrier.retry_backoff_ms"));
+        assert!(Config::load(None, env(&[("IDEM__CARRIER__RETRIES_MAX", "0")])).is_ok());
         assert!(refusal(&[("IDEM__STORE__KIND", "postgres")]).contains("store.postgres.url"));
         assert!(refusal(&[("IDEM__SWEEPER__BATCH_MAX", "0")]).contains("sweeper.batch_max"));
         assert!(

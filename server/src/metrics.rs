@@ -46,6 +46,10 @@ pub const SWEEPER_RUN_DURATION_SECONDS: &str = "idem_sweeper_run_duration_second
 pub const CARRIER_CALLS_TOTAL: &str = "idem_carrier_calls_total";
 /// Duration of one carrier call, by `outcome`.
 pub const CARRIER_CALL_DURATION_SECONDS: &str = "idem_carrier_call_duration_seconds";
+/// Carrier calls repeated within their request (`carrier::retry`).
+pub const CARRIER_RETRIES_TOTAL: &str = "idem_carrier_retries_total";
+/// Carrier retries the retry budget refused: the carrier failed too often.
+pub const CARRIER_RETRIES_THROTTLED_TOTAL: &str = "idem_carrier_retries_throttled_total";
 /// Label requests answered with a label the parcel already had (the
 /// uniqueness constraint as the second line of defence).
 pub const LABELS_EXISTING_TOTAL: &str = "idem_labels_existing_total";
@@ -116,6 +120,14 @@ fn describe() {
         "Duration of one sweeper run."
     );
     describe_counter!(CARRIER_CALLS_TOTAL, "Carrier calls, by outcome.");
+    describe_counter!(
+        CARRIER_RETRIES_TOTAL,
+        "Carrier calls repeated within their request after a dropped connection or a 5xx."
+    );
+    describe_counter!(
+        CARRIER_RETRIES_THROTTLED_TOTAL,
+        "Carrier retries not made because the retry budget was spent."
+    );
     describe_histogram!(
         CARRIER_CALL_DURATION_SECONDS,
         Unit::Seconds,
@@ -157,6 +169,8 @@ pub fn register_at_zero(records_backend: &'static str) {
         TOMBSTONES_PURGED_TOTAL,
         LABELS_EXISTING_TOTAL,
         RECORDS_QUARANTINED_TOTAL,
+        CARRIER_RETRIES_TOTAL,
+        CARRIER_RETRIES_THROTTLED_TOTAL,
     ] {
         metrics::counter!(name).increment(0);
     }

@@ -6,7 +6,8 @@
 //! business refusal ([`CARRIER_REFUSAL_STATUSES`]: 422). Everything else
 //! leaves the purchase unknown or the carrier unusable for now, and the
 //! attempt must release its lease so that the caller's retry repeats the
-//! call with the same carrier key:
+//! call with the same carrier key (after the client's own retries, for the
+//! failures a repeat may cure: [`super::retry`]):
 //! - a timeout, a dropped connection, a 408, 429 or 5xx, a 409 because our
 //!   earlier attempt is still running there;
 //! - an answer that is not about the parcel at all: a redirect (never
@@ -17,9 +18,12 @@
 //!   does not echo our parcel or whose id or tracking number we could not
 //!   store and serve.
 
+use super::retry::{CarrierRetries, RetryBudget};
 use super::{CARRIER_LABELS_PATH, CarrierLabel, CarrierLabelRequest};
 use crate::labels::LABEL_ID_BYTES_MAX;
-use crate::metrics::{CARRIER_CALL_DURATION_SECONDS, CARRIER_CALLS_TOTAL};
+use crate::metrics::{
+    CARRIER_CALL_DURATION_SECONDS, CARRIER_CALLS_TOTAL, CARRIER_RETRIES_THROTTLED_TOTAL, CARRIER_RETRIES_TOTAL,
+};
 use crate::request_context::TRACEPARENT_HEADER;
 use std::time::{Duration, Instant};
 
@@ -59,12 +63,13 @@ impl CarrierOutcome {
 }
 
 /// Every `outcome` label [`CarrierOutcome::metric_label`] gives.
-pub const CARRIER_OUTCOME_LABELS: [&str; 9] = [
+pub const CARRIER_OUTCOME_LABELS: [&str; 10] = [
     "purchased",
     "replayed",
     "rejected",
     "malformed",
     "in_progress",
+    "slow_down",
     "server_error",
     "unexpected_status",
     "timeout",
@@ -74,6 +79,10 @@ pub const CARRIER_OUTCOME_LABELS: [&str; 9] = [
 pub struct CarrierClient {
     http: reqwest::Client,
     labels_url: String,
+    /// Budget of one purchase, retries included.
+    timeout: Duration,
+    retries: CarrierRetries,
+    retry_budget: RetryBudget,
 }
 
 impl CarrierClient {
@@ -94,7 +103,17 @@ impl CarrierClient {
         Ok(Self {
             http,
             labels_url: format!("{}{CARRIER_LABELS_PATH}", base_url.trim_end_matches('/')),
+            timeout,
+            retries: CarrierRetries::NONE,
+            retry_budget: RetryBudget::default(),
         })
+    }
+
+    /// Retries calls that failed in a way a repeat may cure (a dropped
+    /// connection, a 5xx) within the call's timeout: [`super::retry`].
+    pub fn with_retries(mut self, retries: CarrierRetries) -> Self {
+        self.retries = retries;
+        self
     }
 
     /// Buys a label with the derived carrier key, in a trace of its own.
@@ -110,8 +129,38 @@ impl CarrierClient {
         request: &CarrierLabelRequest,
         traceparent: Option<&str>,
     ) -> CarrierOutcome {
+        let deadline = Instant::now() + self.timeout;
+        let mut retry = 0;
+        loop {
+            let (outcome, repeat) = self.call(carrier_key, request, traceparent, deadline).await;
+            self.retry_budget.record(repeat == Repeat::MayCure);
+            if repeat == Repeat::Useless || retry == self.retries.retries_max {
+                return outcome;
+            }
+            let backoff = self.retries.backoff(retry);
+            if Instant::now() + backoff >= deadline {
+                return outcome;
+            }
+            if !self.retry_budget.allows_retry() {
+                metrics::counter!(CARRIER_RETRIES_THROTTLED_TOTAL).increment(1);
+                return outcome;
+            }
+            metrics::counter!(CARRIER_RETRIES_TOTAL).increment(1);
+            tokio::time::sleep(backoff).await;
+            retry += 1;
+        }
+    }
+
+    /// One call, timed and counted, with what repeating it could do.
+    async fn call(
+        &self,
+        carrier_key: &str,
+        request: &CarrierLabelRequest,
+        traceparent: Option<&str>,
+        deadline: Instant,
+    ) -> (CarrierOutcome, Repeat) {
         let started = Instant::now();
-        let outcome = self.send(carrier_key, request, traceparent).await;
+        let outcome = self.send(carrier_key, request, traceparent, deadline - started).await;
         let label = outcome.metric_label();
         debug_assert!(
             CARRIER_OUTCOME_LABELS.contains(&label),
@@ -119,7 +168,8 @@ impl CarrierClient {
         );
         metrics::counter!(CARRIER_CALLS_TOTAL, "outcome" => label).increment(1);
         metrics::histogram!(CARRIER_CALL_DURATION_SECONDS, "outcome" => label).record(started.elapsed().as_secs_f64());
-        outcome
+        let repeat = Repeat::of(&outcome);
+        (outcome, repeat)
     }
 
     async fn send(
@@ -127,8 +177,13 @@ impl CarrierClient {
         carrier_key: &str,
         request: &CarrierLabelRequest,
         traceparent: Option<&str>,
+        timeout: Duration,
     ) -> CarrierOutcome {
-        let mut call = self.http.post(&self.labels_url).header("idempotency-key", carrier_key);
+        let mut call = self
+            .http
+            .post(&self.labels_url)
+            .timeout(timeout)
+            .header("idempotency-key", carrier_key);
         if let Some(traceparent) = traceparent {
             call = call.header(TRACEPARENT_HEADER, traceparent);
         }
@@ -148,7 +203,8 @@ impl CarrierClient {
         }
         match status.as_u16() {
             409 => CarrierOutcome::Indeterminate { reason: "in_progress" },
-            408 | 429 | 500..=599 => CarrierOutcome::Indeterminate { reason: "server_error" },
+            408 | 429 => CarrierOutcome::Indeterminate { reason: "slow_down" },
+            500..=599 => CarrierOutcome::Indeterminate { reason: "server_error" },
             code if CARRIER_REFUSAL_STATUSES.contains(&code) => {
                 let detail = read_prefix(response, CARRIER_DETAIL_BYTES_MAX).await;
                 CarrierOutcome::Rejected {
@@ -166,6 +222,31 @@ impl CarrierClient {
                     reason: "unexpected_status",
                 }
             }
+        }
+    }
+}
+
+/// What asking the carrier again at once, with the same key, could do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Repeat {
+    /// The call failed on the way (a dropped connection: maybe a lost
+    /// reply) or at the carrier (a 5xx); the repeat is answered from the
+    /// carrier's key if the first got through.
+    MayCure,
+    /// A definite answer; or the carrier asked us to wait (its 409 for our
+    /// own earlier call, a 408 or 429); or the whole budget went by (a
+    /// timeout); or the answer is not about the parcel at all (a wrong URL
+    /// or credential, a malformed label), which a repeat only repeats.
+    Useless,
+}
+
+impl Repeat {
+    fn of(outcome: &CarrierOutcome) -> Self {
+        match outcome {
+            CarrierOutcome::Indeterminate {
+                reason: "connection_error" | "server_error",
+            } => Repeat::MayCure,
+            _ => Repeat::Useless,
         }
     }
 }

@@ -7,9 +7,11 @@
 //! new, the carrier hands back the label it sold the first time.
 
 pub mod client;
+pub mod retry;
 pub mod simulator;
 
 pub use client::{CarrierClient, CarrierOutcome};
+pub use retry::CarrierRetries;
 pub use simulator::{CarrierServer, CarrierStats, ScriptStep, SimulatedFault};
 
 use crate::labels::Parcel;

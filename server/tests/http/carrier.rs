@@ -2,8 +2,10 @@
 //! is sorted (only definite answers may be saved under a caller's key).
 
 use crate::common::order_id;
+use server::carrier::retry::RETRY_TOKENS_MAX;
 use server::carrier::{
-    CARRIER_SCRIPT_PATH, CarrierClient, CarrierLabelRequest, CarrierOutcome, CarrierServer, ScriptStep, SimulatedFault,
+    CARRIER_SCRIPT_PATH, CarrierClient, CarrierLabelRequest, CarrierOutcome, CarrierRetries, CarrierServer, ScriptStep,
+    SimulatedFault, read_stats,
 };
 use server::config::SimulatorConfig;
 use server::labels::ShippingService;
@@ -115,4 +117,94 @@ async fn every_carrier_answer_is_sorted_into_purchased_rejected_or_indeterminate
             reason: "connection_error"
         }
     );
+}
+
+fn retrying_client(carrier: &CarrierServer, retries_max: u32) -> CarrierClient {
+    let retries = CarrierRetries {
+        retries_max,
+        backoff_base: Duration::from_millis(1),
+    };
+    CarrierClient::new(&carrier.base_url(), Duration::from_secs(5), Vec::new())
+        .unwrap()
+        .with_retries(retries)
+}
+
+async fn calls_made(carrier: &CarrierServer) -> u64 {
+    read_stats(&crate::common::client(), &carrier.base_url())
+        .await
+        .unwrap()
+        .requests_total
+}
+
+/// A lost reply or a 5xx is asked again with the same key, up to
+/// `retries_max` times; what the carrier asks us to wait for (its 409 for
+/// our own call in flight) and what a repeat cannot change (a refusal) is
+/// not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_that_a_repeat_may_cure_are_retried_up_to_the_limit() {
+    let carrier = simulator().await;
+    let client = retrying_client(&carrier, 2);
+    let fault = |fault| ScriptStep { delay_ms: 0, fault };
+
+    script(&carrier, &[fault(SimulatedFault::LostReply)]).await;
+    let cured = client.buy("carrier:r:1", &request(order_id(), 1_000)).await;
+    assert!(
+        matches!(cured, CarrierOutcome::Purchased { replayed: true, .. }),
+        "the retry is answered from the key of the purchase whose reply was lost: {cured:?}"
+    );
+    assert_eq!(calls_made(&carrier).await, 2);
+
+    script(&carrier, &[fault(SimulatedFault::Error); 3]).await;
+    let exhausted = client.buy("carrier:r:2", &request(order_id(), 1_000)).await;
+    assert_eq!(exhausted, CarrierOutcome::Indeterminate { reason: "server_error" });
+    assert_eq!(calls_made(&carrier).await, 2 + 3, "one call and two retries");
+
+    let order = order_id();
+    let slow = ScriptStep {
+        delay_ms: 1_000,
+        fault: SimulatedFault::None,
+    };
+    script(&carrier, &[slow]).await;
+    let parcel = request(order, 1_000);
+    let first = client.buy("carrier:r:3", &parcel);
+    let meanwhile = async {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        client.buy("carrier:r:3", &request(order, 1_000)).await
+    };
+    let (_, meanwhile) = tokio::join!(first, meanwhile);
+    assert_eq!(meanwhile, CarrierOutcome::Indeterminate { reason: "in_progress" });
+    assert_eq!(calls_made(&carrier).await, 5 + 2, "a 409 is not retried");
+
+    let refused = client.buy("carrier:r:3", &request(order, 2_000)).await;
+    assert!(
+        matches!(refused, CarrierOutcome::Rejected { status: 422, .. }),
+        "{refused:?}"
+    );
+    assert_eq!(calls_made(&carrier).await, 7 + 1, "a refusal is not retried");
+}
+
+/// gRPC's retry throttling: when most calls fail, retries stop once half
+/// the bucket is spent, and each call is made once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_carrier_spends_the_retry_budget_and_then_gets_one_call_per_purchase() {
+    let carrier = simulator().await;
+    let client = retrying_client(&carrier, 2);
+    let purchases = 40;
+    let error = ScriptStep {
+        delay_ms: 0,
+        fault: SimulatedFault::Error,
+    };
+    script(&carrier, &vec![error; 3 * purchases]).await;
+    for number in 0..purchases {
+        let outcome = client
+            .buy(&format!("carrier:b:{number}"), &request(order_id(), 1_000))
+            .await;
+        assert_eq!(outcome, CarrierOutcome::Indeterminate { reason: "server_error" });
+    }
+    // The bucket holds 100 tokens and each failed call takes one; a retry
+    // needs more than 50 left. Purchases 1 to 16 make 3 calls each (48
+    // tokens spent), the 17th makes 2 (its second retry would leave 50),
+    // the other 23 one each.
+    assert_eq!(RETRY_TOKENS_MAX, 100.0);
+    assert_eq!(calls_made(&carrier).await, 16 * 3 + 2 + 23);
 }

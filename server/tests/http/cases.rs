@@ -2,7 +2,8 @@
 //! `backend_suite!` in main.rs). Each test starts its own server; callers
 //! and order ids are fresh per test, so tests never see each other's keys.
 
-use crate::common::{ALICE, BOB, Options, TestServer, fresh_key, label_body, order_id, purchases_for};
+use crate::common::{ALICE, BOB, Options, TestServer, fresh_key, label_body, metric_value, order_id, purchases_for};
+use server::carrier::retry::CARRIER_RETRIES_MAX_DEFAULT;
 use server::carrier::{ScriptStep, SimulatedFault};
 use server::config::StoreKind;
 use std::time::Duration;
@@ -300,14 +301,32 @@ pub async fn a_new_key_for_a_labelled_parcel_buys_nothing(backend: StoreKind) {
     server.shutdown().await;
 }
 
-/// A carrier 5xx or a lost reply is an unknown outcome: 503
-/// `downstream_unavailable` with Retry-After, nothing saved, lease released;
-/// the retry with the same key takes over at once, calls the carrier with
-/// the same carrier key, and exactly one label is bought.
-pub async fn unknown_carrier_outcomes_release_and_the_retry_buys_once(backend: StoreKind) {
+/// A carrier 5xx or a lost reply is an unknown outcome. The service first
+/// asks the carrier again within the request, with the same carrier key
+/// (docs/design.md#carrier-retries): one such failure is invisible to the
+/// client, who gets its label at once. When every retry fails too: 503
+/// `downstream_unavailable` with Retry-After, nothing saved, lease
+/// released; the client's retry with the same key takes over at once,
+/// calls the carrier with the same carrier key, and exactly one label is
+/// bought.
+pub async fn unknown_carrier_outcomes_are_retried_then_released_and_the_retry_buys_once(backend: StoreKind) {
     let server = TestServer::start(backend).await;
+    let retries_before = metric_value(&server.metrics_text().await, "idem_carrier_retries_total", &[]);
+    let calls_per_request = 1 + CARRIER_RETRIES_MAX_DEFAULT as usize;
     for fault in [SimulatedFault::Error, SimulatedFault::LostReply] {
         server.carrier_script(&[ScriptStep { delay_ms: 0, fault }]).await;
+        let (key, order) = (fresh_key(), order_id());
+        let absorbed = server.post_label(Some(ALICE), Some(&key), &label_body(order, 1)).await;
+        assert_eq!(
+            absorbed.status,
+            201,
+            "{fault:?}: retried within the request: {}",
+            absorbed.text()
+        );
+        assert_eq!(purchases_for(&server.carrier_stats().await, order), 1, "{fault:?}");
+
+        let every_call_fails = vec![ScriptStep { delay_ms: 0, fault }; calls_per_request];
+        server.carrier_script(&every_call_fails).await;
         let (key, order) = (fresh_key(), order_id());
         let failed = server.post_label(Some(ALICE), Some(&key), &label_body(order, 1)).await;
         assert_eq!(
@@ -331,16 +350,20 @@ pub async fn unknown_carrier_outcomes_release_and_the_retry_buys_once(backend: S
         assert_eq!(purchases_for(&stats, order), 1, "{fault:?}: {stats:?}");
     }
     let stats = server.carrier_stats().await;
-    assert_eq!(stats.purchases_by_carrier_key.values().sum::<u64>(), 2);
+    assert_eq!(stats.purchases_by_carrier_key.values().sum::<u64>(), 4);
     assert!(
         stats.purchases_by_carrier_key.values().all(|&count| count == 1),
         "{stats:?}"
     );
-    // The lost reply's retry was answered from the carrier's key.
+    // Every call after a lost reply was answered from the carrier's key.
+    let faults = 1 + calls_per_request as u64;
     assert_eq!(
         (stats.errors_injected, stats.replies_dropped, stats.deduplicated_repeats),
-        (1, 1, 1)
+        (faults, faults, faults)
     );
+    // Per fault kind: the one retry that cured it, then every retry allowed.
+    let retries = metric_value(&server.metrics_text().await, "idem_carrier_retries_total", &[]) - retries_before;
+    assert_eq!(retries, (2 * calls_per_request) as f64);
     server.shutdown().await;
 }
 

@@ -67,7 +67,7 @@ backend_suite!(
     unknown_callers_are_refused,
     callers_are_isolated,
     a_new_key_for_a_labelled_parcel_buys_nothing,
-    unknown_carrier_outcomes_release_and_the_retry_buys_once,
+    unknown_carrier_outcomes_are_retried_then_released_and_the_retry_buys_once,
     carrier_timeout_then_retry_gets_the_same_label,
     reads_and_probes,
     oversized_bodies_are_413,

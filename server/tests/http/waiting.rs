@@ -95,6 +95,7 @@ async fn a_waiter_that_becomes_the_attempt_runs_holding_an_admission_worker() {
             admission("WORKERS", "2"),
             admission("TARGET_MS", "10"),
             admission("INTERVAL_MS", "10"),
+            no_carrier_retries(),
         ],
         ..Options::default()
     };
@@ -162,6 +163,7 @@ impl SharedStore {
             env: vec![
                 pair("IDEM__STORE__KIND", "postgres"),
                 pair("IDEM__STORE__POSTGRES__URL", fresh_postgres_url().await),
+                no_carrier_retries(),
             ],
             _redis: None,
             _cluster: None,
@@ -191,6 +193,7 @@ impl SharedStore {
                 ),
                 pair("IDEM__STORE__LABELS", "postgres"),
                 pair("IDEM__STORE__POSTGRES__URL", fresh_postgres_url().await),
+                no_carrier_retries(),
             ],
             _redis: redis,
             _cluster: nodes,
@@ -220,6 +223,12 @@ impl SharedStore {
         .await;
         (first, second)
     }
+}
+
+/// The scripts here fail one carrier call per attempt, to release its key:
+/// the carrier client must not cure it with a retry of its own.
+fn no_carrier_retries() -> (String, String) {
+    ("IDEM__CARRIER__RETRIES_MAX".to_owned(), "0".to_owned())
 }
 
 /// Waits until the carrier has been called `calls` times in all: the first
