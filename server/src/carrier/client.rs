@@ -133,8 +133,12 @@ impl CarrierClient {
         let mut retry = 0;
         loop {
             let (outcome, repeat) = self.call(carrier_key, request, traceparent, deadline).await;
-            self.retry_budget.record(repeat == Repeat::MayCure);
-            if repeat == Repeat::Useless || retry == self.retries.retries_max {
+            match repeat {
+                Repeat::Answered => self.retry_budget.record_success(),
+                Repeat::MayCure => self.retry_budget.record_failure(),
+                Repeat::Useless => {}
+            }
+            if repeat != Repeat::MayCure || retry == self.retries.retries_max {
                 return outcome;
             }
             let backoff = self.retries.backoff(retry);
@@ -160,7 +164,14 @@ impl CarrierClient {
         deadline: Instant,
     ) -> (CarrierOutcome, Repeat) {
         let started = Instant::now();
-        let outcome = self.send(carrier_key, request, traceparent, deadline - started).await;
+        let outcome = self
+            .send(
+                carrier_key,
+                request,
+                traceparent,
+                deadline.saturating_duration_since(started),
+            )
+            .await;
         let label = outcome.metric_label();
         debug_assert!(
             CARRIER_OUTCOME_LABELS.contains(&label),
@@ -226,27 +237,32 @@ impl CarrierClient {
     }
 }
 
-/// What asking the carrier again at once, with the same key, could do.
+/// What asking the carrier again at once, with the same key, could do;
+/// the retry budget counts the first two as gRPC counts successes and
+/// retryable failures, and ignores the third.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Repeat {
+    /// A definite answer (a label, a refusal): nothing to repeat.
+    Answered,
     /// The call failed on the way (a dropped connection: maybe a lost
     /// reply) or at the carrier (a 5xx); the repeat is answered from the
     /// carrier's key if the first got through.
     MayCure,
-    /// A definite answer; or the carrier asked us to wait (its 409 for our
-    /// own earlier call, a 408 or 429); or the whole budget went by (a
-    /// timeout); or the answer is not about the parcel at all (a wrong URL
-    /// or credential, a malformed label), which a repeat only repeats.
+    /// The carrier asked us to wait (its 409 for our own earlier call, a
+    /// 408 or 429), the whole budget went by (a timeout), or the answer is
+    /// not about the parcel at all (a wrong URL or credential, a malformed
+    /// label): a repeat only repeats it.
     Useless,
 }
 
 impl Repeat {
     fn of(outcome: &CarrierOutcome) -> Self {
         match outcome {
+            CarrierOutcome::Purchased { .. } | CarrierOutcome::Rejected { .. } => Repeat::Answered,
             CarrierOutcome::Indeterminate {
                 reason: "connection_error" | "server_error",
             } => Repeat::MayCure,
-            _ => Repeat::Useless,
+            CarrierOutcome::Indeterminate { .. } => Repeat::Useless,
         }
     }
 }

@@ -15,9 +15,9 @@
 //!   Architecture Blog, 2015), and never past the call's own timeout;
 //! - **per client**: a retry budget, gRPC's retry throttling (proposal A6,
 //!   "gRPC Retry Design"): a bucket of [`RETRY_TOKENS_MAX`] tokens, each
-//!   failed call takes one, each successful call gives back
-//!   [`RETRY_TOKEN_RATIO`]; retries are made only while more than half the
-//!   bucket is left. When more than about one call in ten fails, retries
+//!   call that failed in a way worth retrying takes one, each definite
+//!   answer gives back [`RETRY_TOKEN_RATIO`]; retries are made only while
+//!   more than half the bucket is left. When more than about one call in ten fails, retries
 //!   stop until the carrier answers again, and each failure goes back to the
 //!   client as before.
 
@@ -81,15 +81,16 @@ impl Default for RetryBudget {
 }
 
 impl RetryBudget {
-    /// Counts a call's result: a failure worth retrying takes a token, a
-    /// definite answer gives back a fraction of one.
-    pub fn record(&self, failed: bool) {
+    /// A call failed in a way worth retrying: it takes a token.
+    pub fn record_failure(&self) {
         let mut tokens = self.tokens.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        *tokens = if failed {
-            (*tokens - 1.0).max(0.0)
-        } else {
-            (*tokens + RETRY_TOKEN_RATIO).min(RETRY_TOKENS_MAX)
-        };
+        *tokens = (*tokens - 1.0).max(0.0);
+    }
+
+    /// A call got a definite answer: it gives back a fraction of a token.
+    pub fn record_success(&self) {
+        let mut tokens = self.tokens.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        *tokens = (*tokens + RETRY_TOKEN_RATIO).min(RETRY_TOKENS_MAX);
     }
 
     /// True while more than half the bucket is left.
@@ -124,15 +125,15 @@ mod tests {
         let budget = RetryBudget::default();
         let failures_allowed = (RETRY_TOKENS_MAX / 2.0) as usize;
         for _ in 0..failures_allowed - 1 {
-            budget.record(true);
+            budget.record_failure();
             assert!(budget.allows_retry());
         }
-        budget.record(true);
+        budget.record_failure();
         assert!(!budget.allows_retry(), "half the bucket spent");
         // One failure costs what ten successes give back.
         let successes_per_token = (1.0 / RETRY_TOKEN_RATIO).round() as usize;
         for _ in 0..successes_per_token + 1 {
-            budget.record(false);
+            budget.record_success();
         }
         assert!(budget.allows_retry());
     }
