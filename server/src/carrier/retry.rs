@@ -17,9 +17,9 @@
 //!   "gRPC Retry Design"): a bucket of [`RETRY_TOKENS_MAX`] tokens, each
 //!   call that failed in a way worth retrying takes one, each definite
 //!   answer gives back [`RETRY_TOKEN_RATIO`]; retries are made only while
-//!   more than half the bucket is left. When more than about one call in ten fails, retries
-//!   stop until the carrier answers again, and each failure goes back to the
-//!   client as before.
+//!   more than half the bucket is left. When more than about one call in
+//!   ten fails, retries stop until the carrier answers again, and each
+//!   failure goes back to the client as before.
 
 use rand::Rng;
 use std::sync::Mutex;
