@@ -120,11 +120,15 @@ async fn every_carrier_answer_is_sorted_into_purchased_rejected_or_indeterminate
 }
 
 fn retrying_client(carrier: &CarrierServer, retries_max: u32) -> CarrierClient {
+    retrying_client_with_timeout(carrier, retries_max, Duration::from_secs(5))
+}
+
+fn retrying_client_with_timeout(carrier: &CarrierServer, retries_max: u32, timeout: Duration) -> CarrierClient {
     let retries = CarrierRetries {
         retries_max,
         backoff_base: Duration::from_millis(1),
     };
-    CarrierClient::new(&carrier.base_url(), Duration::from_secs(5), Vec::new())
+    CarrierClient::new(&carrier.base_url(), timeout, Vec::new())
         .unwrap()
         .with_retries(retries)
 }
@@ -207,4 +211,72 @@ async fn a_failing_carrier_spends_the_retry_budget_and_then_gets_one_call_per_pu
     // the other 23 one each.
     assert_eq!(RETRY_TOKENS_MAX, 100.0);
     assert_eq!(calls_made(&carrier).await, 16 * 3 + 2 + 23);
+}
+
+/// The carrier call's timeout in the budget test, and the scripted sale
+/// that outlasts it (by far, so a call slowed by a busy machine still
+/// reaches the simulator and takes its step before its own timeout).
+const CALL_TIMEOUT_MS: u64 = 500;
+const SLOW_SALE_MS: u64 = 2_000;
+
+/// Only a definite answer refills the budget: timeouts, which a repeat
+/// cannot cure, neither spend a token nor give one back, so they cannot
+/// reopen retries that failures closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timeouts_neither_spend_nor_refill_the_retry_budget() {
+    let carrier = simulator().await;
+    let client = retrying_client_with_timeout(&carrier, 2, Duration::from_millis(CALL_TIMEOUT_MS));
+    let step = |delay_ms, fault| ScriptStep { delay_ms, fault };
+    // Fifty timeouts: were each a failure, they would spend what retries
+    // may use, and this lost reply would not be retried.
+    script(&carrier, &vec![step(SLOW_SALE_MS, SimulatedFault::None); 50]).await;
+    assert_all_time_out(&time_out_together(&client, 50, "t").await);
+    assert_eq!(calls_made(&carrier).await, 50, "every slow step was taken");
+    script(&carrier, &[step(0, SimulatedFault::LostReply)]).await;
+    let cured = client.buy("carrier:s:cured", &request(order_id(), 1_000)).await;
+    assert!(
+        matches!(cured, CarrierOutcome::Purchased { replayed: true, .. }),
+        "retried: {cured:?}"
+    );
+    // 17 failing purchases spend the 50 tokens retries may use (see the
+    // test above; the cured reply left 99.1): the budget now refuses
+    // retries, with 49.1 tokens.
+    script(&carrier, &vec![step(0, SimulatedFault::Error); 50]).await;
+    for number in 0..17 {
+        let outcome = client
+            .buy(&format!("carrier:s:{number}"), &request(order_id(), 1_000))
+            .await;
+        assert_eq!(outcome, CarrierOutcome::Indeterminate { reason: "server_error" });
+    }
+    // Twenty-one timeouts: were each a success, they would give back 2.1
+    // tokens, enough to open retries again (49.1 + 2.1, less the lost
+    // reply's own failure, is above 50).
+    script(&carrier, &vec![step(SLOW_SALE_MS, SimulatedFault::None); 21]).await;
+    assert_all_time_out(&time_out_together(&client, 21, "u").await);
+    let calls_before = calls_made(&carrier).await;
+    script(&carrier, &[step(0, SimulatedFault::LostReply)]).await;
+    let lost = client.buy("carrier:s:lost", &request(order_id(), 1_000)).await;
+    assert_eq!(
+        lost,
+        CarrierOutcome::Indeterminate {
+            reason: "connection_error"
+        },
+        "not retried"
+    );
+    assert_eq!(calls_made(&carrier).await, calls_before + 1);
+}
+
+/// `count` purchases sent at once, each a call of its own (the scripted
+/// slow steps make them time out).
+async fn time_out_together(client: &CarrierClient, count: usize, prefix: &str) -> Vec<CarrierOutcome> {
+    let purchases = (0..count).map(|number| async move {
+        let key = format!("carrier:{prefix}:{number}");
+        client.buy(&key, &request(order_id(), 1_000)).await
+    });
+    futures::future::join_all(purchases).await
+}
+
+fn assert_all_time_out(outcomes: &[CarrierOutcome]) {
+    let timeout = CarrierOutcome::Indeterminate { reason: "timeout" };
+    assert!(outcomes.iter().all(|outcome| *outcome == timeout), "{outcomes:?}");
 }
