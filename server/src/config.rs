@@ -1329,7 +1329,8 @@ mod tests {
     /// The backends' sections are their store crates' own config types;
     /// a misspelt field is refused there too, the flattened ones (the
     /// embedded sizes, the Redis TLS files) included, and the fields only
-    /// code sets (faults, WAIT, the pool wait) are not in the file.
+    /// code sets (faults, WAIT, the idle-in-transaction timeout) are not in
+    /// the file.
     #[test]
     fn backend_sections_refuse_unknown_fields() {
         for (variable, field) in [
@@ -1337,7 +1338,10 @@ mod tests {
             ("IDEM__STORE__EMBEDDED__FAULTS", "faults"),
             ("IDEM__STORE__REDIS__CA_FIL", "ca_fil"),
             ("IDEM__STORE__REDIS__WAIT", "wait"),
-            ("IDEM__STORE__POSTGRES__POOL_WAIT_TIMEOUT_MS", "pool_wait_timeout_ms"),
+            (
+                "IDEM__STORE__POSTGRES__IDLE_IN_TRANSACTION_TIMEOUT_MS",
+                "idle_in_transaction_timeout_ms",
+            ),
             ("IDEM__STORE__FOUNDATIONDB__PREFIX", "prefix"),
         ] {
             let message = refusal(&[(variable, "1")]);
@@ -1349,6 +1353,7 @@ mod tests {
                 ("IDEM__STORE__EMBEDDED__CACHE_BYTES", "2097152"),
                 ("IDEM__STORE__EMBEDDED__DURABILITY", "sync_all"),
                 ("IDEM__STORE__REDIS__CA_FILE", r#""""#),
+                ("IDEM__STORE__POSTGRES__POOL_WAIT_TIMEOUT_MS", "250"),
                 ("IDEM__STORE__FOUNDATIONDB__KEY_PREFIX", "app"),
                 ("IDEM__STORE__FOUNDATIONDB__CLUSTER_FILE", r#""""#),
             ]),
@@ -1357,6 +1362,7 @@ mod tests {
         assert_eq!(config.store.embedded.sizes.cache_bytes, 2_097_152);
         assert_eq!(config.store.embedded.durability, store_fdb::Durability::SyncAll);
         assert_eq!(config.store.redis.tls.ca_file, None, "an empty file name is unset");
+        assert_eq!(config.store.postgres.pool_wait_timeout_ms, 250);
         assert_eq!(
             config.store.foundationdb.prefix,
             store_fdb::KeyPrefix::Bytes(b"app".to_vec())

@@ -70,8 +70,8 @@ impl SslMode {
 
 /// Where the database is and how long to wait for it. The server reads it
 /// from its config's `[store.postgres]` section (`sslmode` there, `ca_file`
-/// empty meaning unset); the pool-wait and idle-in-transaction timeouts
-/// keep their defaults there (code may set them).
+/// empty meaning unset); the idle-in-transaction timeout keeps its default
+/// there (code may set it).
 #[derive(Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct PostgresConfig {
@@ -80,7 +80,7 @@ pub struct PostgresConfig {
     pub url: String,
     pub pool_size: usize,
     pub connect_timeout_ms: u64,
-    #[serde(skip)]
+    /// How long a call waits for a free pooled connection.
     pub pool_wait_timeout_ms: u64,
     pub statement_timeout_ms: u64,
     #[serde(skip)]
