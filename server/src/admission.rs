@@ -14,6 +14,14 @@
 //! work ends, even if the client hangs up (the slot travels with the work,
 //! see [`crate::limits::InFlightSlot`]); claimed keys are always finished.
 //!
+//! A worker stands for work in this service and its store, not for waits
+//! on another service: while a label's carrier call is out, the request sets
+//! its worker aside ([`WorkerSeat::set_aside_while`]), and when the answer
+//! comes it takes one back at once, ahead of new requests, borrowing one if
+//! none is free (docs/design.md#admission). So the number of workers can
+//! bound the requests inside the store (what a PostgreSQL pool can serve)
+//! without capping the labels a slow carrier can have in flight.
+//!
 //! Fairness: when the queue is forming, a caller that already holds its
 //! share of the workers (workers divided by the callers holding any) is
 //! refused at once instead of waiting, so one caller cannot take every
@@ -25,7 +33,7 @@
 use crate::auth::Caller;
 use crate::error::ApiError;
 use crate::limits::InFlightSlot;
-use crate::metrics::{ADMISSION_QUEUE_WAITING, ADMISSION_SHED_TOTAL};
+use crate::metrics::{ADMISSION_QUEUE_WAITING, ADMISSION_SHED_TOTAL, ADMISSION_WORKERS_BORROWED_TOTAL};
 use axum::extract::{Request, State};
 use axum::http::Extensions;
 use axum::middleware::Next;
@@ -39,8 +47,9 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 /// Requests served at once. Work past it waits in the admission queue. On
-/// two cores the label route is store- and carrier-bound, so a few dozen
-/// keep both busy while bounding memory and the store's queues.
+/// two cores the label route is store-bound, so a few dozen keep the store
+/// busy while bounding memory and the store's queues. With the PostgreSQL
+/// store the default is instead half its pool ([`workers_for_postgres_pool`]).
 pub const ADMISSION_WORKERS_DEFAULT: usize = 64;
 pub const ADMISSION_WORKERS_MAX: usize = 10_000;
 /// Requests waiting for a worker at most; past it, refused at once.
@@ -63,7 +72,9 @@ pub const ADMISSION_MS_MAX: u64 = 10_000;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AdmissionConfig {
-    pub workers: usize,
+    /// Unset: [`ADMISSION_WORKERS_DEFAULT`], or with the PostgreSQL store
+    /// [`workers_for_postgres_pool`] (the server's `Config::admission`).
+    pub workers: Option<usize>,
     pub queue_max: usize,
     pub target_ms: u64,
     pub interval_ms: u64,
@@ -72,12 +83,33 @@ pub struct AdmissionConfig {
 impl Default for AdmissionConfig {
     fn default() -> Self {
         Self {
-            workers: ADMISSION_WORKERS_DEFAULT,
+            workers: None,
             queue_max: ADMISSION_QUEUE_MAX_DEFAULT,
             target_ms: ADMISSION_TARGET_MS_DEFAULT,
             interval_ms: ADMISSION_INTERVAL_MS_DEFAULT,
         }
     }
+}
+
+impl AdmissionConfig {
+    /// The number of workers: the one configured, or the default.
+    pub fn workers(&self) -> usize {
+        self.workers.unwrap_or(ADMISSION_WORKERS_DEFAULT)
+    }
+}
+
+/// The default workers in front of a PostgreSQL pool of `pool_size`
+/// connections: half of it. Each worker uses at most one connection at a
+/// time, and the other half is left for work coming back from a long
+/// carrier call (borrowed workers), the parcel lookups, the sweeper and the
+/// waiters' notifications, so admitted work does not queue for a
+/// connection where admission control cannot see it. Measured at 2,000/s
+/// offered on 2 cores (BENCHMARKS.md, "Workers in front of PostgreSQL"): 64
+/// workers collapsed (25,486 intents labelled in 30 s, 233,167 client
+/// timeouts), 16 shed with 23,037 client timeouts, 8 shed every excess
+/// request at once (no timeouts).
+pub fn workers_for_postgres_pool(pool_size: usize) -> usize {
+    (pool_size / 2).max(1)
 }
 
 /// CoDel's decision: how long a request arriving now may wait for a worker.
@@ -141,11 +173,22 @@ impl CallerShares {
         if contended && holders > 1 && mine >= share {
             return None;
         }
+        Some(self.count(&mut held, caller))
+    }
+
+    /// Counts one more worker for `caller`, whatever it holds: work coming
+    /// back is never refused.
+    fn take_always(self: &Arc<Self>, caller: &str) -> CallerShare {
+        let mut held = self.held.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        self.count(&mut held, caller)
+    }
+
+    fn count(self: &Arc<Self>, held: &mut HashMap<String, usize>, caller: &str) -> CallerShare {
         *held.entry(caller.to_owned()).or_insert(0) += 1;
-        Some(CallerShare {
+        CallerShare {
             shares: self.clone(),
             caller: caller.to_owned(),
-        })
+        }
     }
 }
 
@@ -168,11 +211,109 @@ impl Drop for CallerShare {
     }
 }
 
-/// A worker held by one admitted request (and its work).
+/// What one request's seat holds: a worker taken from the pool, one
+/// borrowed ahead of the pool (work coming back from another service,
+/// [`WorkerSeat::set_aside_while`]), or nothing.
+#[derive(Debug)]
+enum Held {
+    Vacant,
+    Taken {
+        permit: OwnedSemaphorePermit,
+        _share: CallerShare,
+    },
+    Borrowed {
+        _share: CallerShare,
+    },
+}
+
+/// One request's place among the workers, for the request's whole life: it
+/// holds a worker while the request's work runs in the service and its
+/// store, and none while the request waits (for another attempt with its
+/// key, or for the carrier).
+#[derive(Debug)]
+struct Seat {
+    admission: Admission,
+    caller: String,
+    held: Mutex<Held>,
+}
+
+impl Seat {
+    fn new(admission: Admission, caller: String) -> Arc<Self> {
+        Arc::new(Self {
+            admission,
+            caller,
+            held: Mutex::new(Held::Vacant),
+        })
+    }
+
+    fn hold(&self, held: Held) {
+        let previous = std::mem::replace(&mut *self.lock(), held);
+        self.admission.give_back(previous);
+    }
+
+    /// Gives the worker back; whether there was one.
+    fn vacate(&self) -> bool {
+        let previous = std::mem::replace(&mut *self.lock(), Held::Vacant);
+        let was_held = !matches!(previous, Held::Vacant);
+        self.admission.give_back(previous);
+        was_held
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Held> {
+        self.held.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// A worker held by one admitted request (and its work), given back when the
+/// last holder drops it.
 #[derive(Debug)]
 pub struct Worker {
-    _permit: OwnedSemaphorePermit,
-    _share: CallerShare,
+    seat: Arc<Seat>,
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        self.seat.vacate();
+    }
+}
+
+/// The request's seat, for a route whose work waits on another service:
+/// [`WorkerSeat::set_aside_while`] gives the worker up for the wait. The
+/// admission middleware puts it in the request's extensions; without it (a
+/// router without admission control) the extractor gets a seat that holds
+/// nothing.
+#[derive(Debug, Clone, Default)]
+pub struct WorkerSeat {
+    seat: Option<Arc<Seat>>,
+}
+
+impl WorkerSeat {
+    /// Runs `wait` (a call to another service, which needs neither the
+    /// service's CPU nor its store) without the request's worker, so the
+    /// workers bound what runs in the service and its store, not what waits
+    /// elsewhere. Afterwards the request takes a worker back at once, ahead
+    /// of every new request: from the pool if one is free, otherwise
+    /// borrowed, and the next worker given back repays it. Claimed work is
+    /// never queued behind, or shed for, work not yet started.
+    pub async fn set_aside_while<F: Future>(&self, wait: F) -> F::Output {
+        let Some(seat) = self.seat.as_ref() else {
+            return wait.await;
+        };
+        let had_worker = seat.vacate();
+        let output = wait.await;
+        if had_worker {
+            seat.hold(seat.admission.take_back(&seat.caller));
+        }
+        output
+    }
+}
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for WorkerSeat {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut axum::http::request::Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        Ok(parts.extensions.get::<WorkerSeat>().cloned().unwrap_or_default())
+    }
 }
 
 /// Why a request was not admitted; each is a value of the shed metric's
@@ -205,6 +346,10 @@ impl Shed {
 pub struct Admission {
     workers: Arc<Semaphore>,
     workers_total: usize,
+    /// Workers borrowed ahead of the pool ([`WorkerSeat::set_aside_while`])
+    /// and not yet repaid: as many workers given back next are kept out of
+    /// the pool. Keeps `free + taken + borrowed - unrepaid = workers_total`.
+    borrowed_unrepaid: Arc<AtomicUsize>,
     queue_max: usize,
     waiting: Arc<AtomicUsize>,
     codel: Arc<Codel>,
@@ -214,8 +359,9 @@ pub struct Admission {
 impl Admission {
     pub fn new(config: &AdmissionConfig) -> Self {
         Self {
-            workers: Arc::new(Semaphore::new(config.workers)),
-            workers_total: config.workers,
+            workers: Arc::new(Semaphore::new(config.workers())),
+            workers_total: config.workers(),
+            borrowed_unrepaid: Arc::new(AtomicUsize::new(0)),
             queue_max: config.queue_max,
             waiting: Arc::new(AtomicUsize::new(0)),
             codel: Arc::new(Codel::new(
@@ -229,25 +375,26 @@ impl Admission {
 
     /// A worker for `caller`, waiting at most as long as CoDel allows.
     pub async fn admit(&self, caller: &str) -> Result<Worker, Shed> {
+        self.admit_into(Seat::new(self.clone(), caller.to_owned())).await
+    }
+
+    async fn admit_into(&self, seat: Arc<Seat>) -> Result<Worker, Shed> {
+        seat.hold(self.take(&seat.caller).await?);
+        Ok(Worker { seat })
+    }
+
+    async fn take(&self, caller: &str) -> Result<Held, Shed> {
         if let Ok(permit) = self.workers.clone().try_acquire_owned() {
             self.codel.saw_empty(Instant::now());
-            let share = self.shares.take(caller, self.workers_total, false);
-            // Never refused when uncontended.
-            let share = share.ok_or(Shed::CallerShare)?;
-            return Ok(Worker {
-                _permit: permit,
-                _share: share,
-            });
+            let share = self.shares.take_always(caller);
+            return Ok(Held::Taken { permit, _share: share });
         }
         let share = self
             .shares
             .take(caller, self.workers_total, true)
             .ok_or(Shed::CallerShare)?;
         let permit = self.wait_for_worker().await?;
-        Ok(Worker {
-            _permit: permit,
-            _share: share,
-        })
+        Ok(Held::Taken { permit, _share: share })
     }
 
     async fn wait_for_worker(&self) -> Result<OwnedSemaphorePermit, Shed> {
@@ -261,6 +408,45 @@ impl Admission {
             Ok(Err(_closed)) => Err(Shed::QueueFull),
             Err(_elapsed) => Err(Shed::QueueDelay),
         }
+    }
+
+    /// A worker for work coming back from a wait elsewhere, at once: a free
+    /// one, or one borrowed ahead of the pool (a waiting request would have
+    /// taken the next free one).
+    fn take_back(&self, caller: &str) -> Held {
+        let share = self.shares.take_always(caller);
+        match self.workers.clone().try_acquire_owned() {
+            Ok(permit) => Held::Taken { permit, _share: share },
+            Err(_none_free) => {
+                self.borrowed_unrepaid.fetch_add(1, Ordering::AcqRel);
+                metrics::counter!(ADMISSION_WORKERS_BORROWED_TOTAL).increment(1);
+                Held::Borrowed { _share: share }
+            }
+        }
+    }
+
+    /// Returns a worker: to the pool, or, while borrowed workers are
+    /// unrepaid, against the debt.
+    fn give_back(&self, held: Held) {
+        match held {
+            Held::Vacant => {}
+            Held::Taken { permit, .. } => {
+                if self.settle_one_borrowed() {
+                    permit.forget();
+                }
+            }
+            Held::Borrowed { .. } => {
+                if !self.settle_one_borrowed() {
+                    self.workers.add_permits(1);
+                }
+            }
+        }
+    }
+
+    fn settle_one_borrowed(&self) -> bool {
+        self.borrowed_unrepaid
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |unrepaid| unrepaid.checked_sub(1))
+            .is_ok()
     }
 }
 
@@ -290,8 +476,9 @@ impl Drop for QueuePlace<'_> {
 
 /// A worker for `caller`, or the 503 `overloaded` a shed request gets
 /// (counted by reason).
-async fn admit_or_shed(admission: &Admission, caller: &str, retry_after_s: u64) -> Result<Worker, ApiError> {
-    admission.admit(caller).await.map_err(|shed| {
+async fn admit_or_shed(seat: Arc<Seat>, retry_after_s: u64) -> Result<Worker, ApiError> {
+    let admission = seat.admission.clone();
+    admission.admit_into(seat).await.map_err(|shed| {
         metrics::counter!(ADMISSION_SHED_TOTAL, "reason" => shed.label()).increment(1);
         ApiError::Overloaded { retry_after_s }
     })
@@ -299,8 +486,9 @@ async fn admit_or_shed(admission: &Admission, caller: &str, retry_after_s: u64) 
 
 /// The middleware: runs after authentication (it needs the caller) and
 /// before the routes. The worker joins the request's [`InFlightSlot`], so
-/// work that outlives its request keeps it. A [`Readmission`] goes with the
-/// request too, for the idempotency layer: a request that waits for
+/// work that outlives its request keeps it. The request's [`WorkerSeat`]
+/// goes with it, for a route that waits on another service, and a
+/// [`Readmission`], for the idempotency layer: a request that waits for
 /// another attempt (`Prefer: wait`) gives its worker up, and takes one again
 /// through it if it becomes the attempt.
 pub async fn admit(
@@ -312,7 +500,8 @@ pub async fn admit(
         Some(caller) => caller.0.as_str().to_owned(),
         None => String::new(),
     };
-    let worker = match admit_or_shed(&admission, &caller, retry_after_s).await {
+    let seat = Seat::new(admission, caller);
+    let worker = match admit_or_shed(seat.clone(), retry_after_s).await {
         Ok(worker) => worker,
         Err(shed) => return shed.into_response(),
     };
@@ -321,11 +510,11 @@ pub async fn admit(
         .remove::<InFlightSlot>()
         .unwrap_or_else(InFlightSlot::none);
     request.extensions_mut().insert(Readmission {
-        admission,
-        caller,
+        seat: seat.clone(),
         retry_after_s,
         in_flight: in_flight.clone(),
     });
+    request.extensions_mut().insert(WorkerSeat { seat: Some(seat) });
     request.extensions_mut().insert(in_flight.with_worker(worker));
     next.run(request).await
 }
@@ -337,8 +526,7 @@ pub async fn admit(
 /// docs/design.md#waiting): a waiter holds no worker, the attempt does.
 #[derive(Clone)]
 pub struct Readmission {
-    admission: Admission,
-    caller: String,
+    seat: Arc<Seat>,
     retry_after_s: u64,
     /// The request's place under the in-flight cap, without a worker.
     in_flight: InFlightSlot,
@@ -348,7 +536,7 @@ impl Readmission {
     /// The request's slot again with a new worker, or the 503 `overloaded`
     /// a request shed by admission gets.
     pub async fn admit(self) -> Result<InFlightSlot, ApiError> {
-        let worker = admit_or_shed(&self.admission, &self.caller, self.retry_after_s).await?;
+        let worker = admit_or_shed(self.seat, self.retry_after_s).await?;
         Ok(self.in_flight.with_worker(worker))
     }
 }
@@ -414,7 +602,7 @@ mod tests {
 
     fn config(workers: usize, queue_max: usize) -> AdmissionConfig {
         AdmissionConfig {
-            workers,
+            workers: Some(workers),
             queue_max,
             target_ms: 5,
             interval_ms: 100,
@@ -459,8 +647,7 @@ mod tests {
     async fn readmission_takes_a_worker_or_is_shed_as_admission_sheds() {
         let admission = Admission::new(&config(1, 10));
         let readmission = Readmission {
-            admission: admission.clone(),
-            caller: "a".to_owned(),
+            seat: Seat::new(admission.clone(), "a".to_owned()),
             retry_after_s: 3,
             in_flight: InFlightSlot::none(),
         };
@@ -476,6 +663,74 @@ mod tests {
         );
         drop(readmitted);
         admission.admit("a").await.expect("given back");
+    }
+
+    fn seat_of(worker: &Worker) -> WorkerSeat {
+        WorkerSeat {
+            seat: Some(worker.seat.clone()),
+        }
+    }
+
+    /// One worker: request "a" sets it aside for a carrier call during which
+    /// "b" is admitted on it, and comes back on a borrowed one.
+    async fn one_worker_lent_during_a_carrier_call() -> (Admission, Worker, Worker) {
+        let admission = Admission::new(&config(1, 10));
+        let carrier_caller = admission.admit("a").await.expect("a free worker");
+        let other = seat_of(&carrier_caller)
+            .set_aside_while(admission.admit("b"))
+            .await
+            .expect("the worker set aside serves another request");
+        (admission, carrier_caller, other)
+    }
+
+    /// A request waiting on the carrier holds no worker, so another request
+    /// runs meanwhile; coming back it takes a worker at once, ahead of the
+    /// queue, and the workers in use return to the configured number once
+    /// the borrowed one is repaid.
+    #[tokio::test(start_paused = true)]
+    async fn a_worker_set_aside_serves_another_request_and_comes_back_borrowed_then_repaid() {
+        let (admission, carrier_caller, other) = one_worker_lent_during_a_carrier_call().await;
+        // Back from the carrier with no worker free: borrowed, so new
+        // requests wait until the debt is repaid.
+        assert_eq!(admission.borrowed_unrepaid.load(Ordering::Acquire), 1);
+        assert_eq!(admission.admit("c").await.unwrap_err(), Shed::QueueDelay);
+        drop(other);
+        assert_eq!(
+            admission.admit("c").await.unwrap_err(),
+            Shed::QueueDelay,
+            "the worker given back repaid the borrowed one"
+        );
+        drop(carrier_caller);
+        assert_eq!(admission.borrowed_unrepaid.load(Ordering::Acquire), 0);
+        let next = admission.admit("c").await.expect("one worker again");
+        assert_eq!(
+            admission.admit("d").await.unwrap_err(),
+            Shed::QueueDelay,
+            "and only one"
+        );
+        drop(next);
+        assert_eq!(admission.workers.available_permits(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_borrowed_worker_given_back_first_cancels_its_own_debt() {
+        let (admission, carrier_caller, other) = one_worker_lent_during_a_carrier_call().await;
+        drop(carrier_caller);
+        assert_eq!(admission.borrowed_unrepaid.load(Ordering::Acquire), 0);
+        assert_eq!(admission.workers.available_permits(), 0, "b still holds the one worker");
+        drop(other);
+        assert_eq!(admission.workers.available_permits(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn coming_back_with_a_free_worker_takes_it_from_the_pool() {
+        let admission = Admission::new(&config(2, 10));
+        let carrier_caller = admission.admit("a").await.expect("a free worker");
+        seat_of(&carrier_caller).set_aside_while(async {}).await;
+        assert_eq!(admission.borrowed_unrepaid.load(Ordering::Acquire), 0);
+        assert_eq!(admission.workers.available_permits(), 1);
+        drop(carrier_caller);
+        assert_eq!(admission.workers.available_permits(), 2);
     }
 
     #[tokio::test(start_paused = true)]

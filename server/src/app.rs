@@ -209,7 +209,7 @@ impl App {
             config.server.in_flight_max,
             Duration::from_millis(config.server.request_timeout_ms),
             config.server.retry_after_s,
-            &config.server.admission,
+            &config.admission(),
         );
         let app = Self {
             config,

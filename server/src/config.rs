@@ -13,7 +13,10 @@
 //! Unknown fields, in the file or the environment, are refused: a typo must
 //! not silently fall back to a default. Every refusal names the field.
 
-use crate::admission::{ADMISSION_MS_MAX, ADMISSION_QUEUE_MAX_LIMIT, ADMISSION_WORKERS_MAX, AdmissionConfig};
+use crate::admission::{
+    ADMISSION_MS_MAX, ADMISSION_QUEUE_MAX_LIMIT, ADMISSION_WORKERS_DEFAULT, ADMISSION_WORKERS_MAX, AdmissionConfig,
+    workers_for_postgres_pool,
+};
 use crate::carrier::CarrierRetries;
 use crate::carrier::retry::{
     CARRIER_RETRIES_LIMIT, CARRIER_RETRIES_MAX_DEFAULT, CARRIER_RETRY_BACKOFF_MS_DEFAULT, CARRIER_RETRY_BACKOFF_MS_MAX,
@@ -697,9 +700,25 @@ impl Config {
         self.validate_store()
     }
 
+    /// `[server.admission]` with its workers resolved: as configured, or
+    /// the default for the store (half the pool in front of PostgreSQL,
+    /// `admission::workers_for_postgres_pool`).
+    pub fn admission(&self) -> AdmissionConfig {
+        let workers = self.server.admission.workers.unwrap_or(match self.store.kind {
+            StoreKind::Postgres => workers_for_postgres_pool(self.store.postgres.pool_size),
+            StoreKind::Embedded | StoreKind::Redis | StoreKind::Foundationdb | StoreKind::Memory => {
+                ADMISSION_WORKERS_DEFAULT
+            }
+        });
+        AdmissionConfig {
+            workers: Some(workers),
+            ..self.server.admission
+        }
+    }
+
     fn validate_admission(&self) -> Result<(), ConfigError> {
-        let admission = &self.server.admission;
-        let workers = admission.workers as u64;
+        let admission = &self.admission();
+        let workers = admission.workers() as u64;
         check_range("server.admission.workers", workers, 1, ADMISSION_WORKERS_MAX as u64)?;
         let queue_max = admission.queue_max as u64;
         check_range(
@@ -1217,6 +1236,30 @@ mod tests {
         assert_eq!(config.carrier.simulator.error_rate, 0.25);
         assert_eq!(config.callers[0].id, "a");
         assert!(!config.has_demo_caller());
+    }
+
+    #[test]
+    fn admission_workers_default_to_half_the_postgres_pool_and_a_configured_number_wins() {
+        let workers = |pairs: &[(&str, &str)]| Config::load(None, env(pairs)).unwrap().admission().workers();
+        assert_eq!(workers(&[]), ADMISSION_WORKERS_DEFAULT);
+        let redis = [
+            ("IDEM__STORE__KIND", "redis"),
+            ("IDEM__STORE__REDIS__URLS", r#"["redis://127.0.0.1:7000"]"#),
+        ];
+        assert_eq!(workers(&redis), ADMISSION_WORKERS_DEFAULT);
+        let postgres = |extra: Option<(&'static str, &'static str)>| {
+            let mut pairs = vec![
+                ("IDEM__STORE__KIND", "postgres"),
+                ("IDEM__STORE__POSTGRES__URL", "postgres://idem@127.0.0.1:5432/idem"),
+            ];
+            pairs.extend(extra);
+            workers(&pairs)
+        };
+        assert_eq!(postgres(None), 8, "half the default pool of 16");
+        assert_eq!(postgres(Some(("IDEM__STORE__POSTGRES__POOL_SIZE", "40"))), 20);
+        assert_eq!(postgres(Some(("IDEM__STORE__POSTGRES__POOL_SIZE", "1"))), 1);
+        assert_eq!(postgres(Some(("IDEM__SERVER__ADMISSION__WORKERS", "30"))), 30);
+        assert!(refusal(&[("IDEM__SERVER__ADMISSION__WORKERS", "0")]).contains("server.admission.workers"));
     }
 
     #[test]

@@ -32,6 +32,9 @@ pub const HTTP_REQUESTS_IN_FLIGHT_MAX: &str = "idem_http_requests_in_flight_max"
 pub const ADMISSION_SHED_TOTAL: &str = "idem_admission_shed_total";
 /// Requests waiting for an admission worker right now.
 pub const ADMISSION_QUEUE_WAITING: &str = "idem_admission_queue_waiting";
+/// Workers lent, ahead of the pool, to work coming back from the carrier
+/// when none was free (repaid by the next workers given back).
+pub const ADMISSION_WORKERS_BORROWED_TOTAL: &str = "idem_admission_workers_borrowed_total";
 /// Store calls, by `backend`, `operation` and `result` (`ok` or `error`).
 pub const STORE_OPERATION_DURATION_SECONDS: &str = "idem_store_operation_duration_seconds";
 /// Records deleted by the sweeper.
@@ -106,6 +109,10 @@ fn describe() {
         "Requests refused by admission control before any work, by reason."
     );
     describe_gauge!(ADMISSION_QUEUE_WAITING, "Requests waiting for an admission worker.");
+    describe_counter!(
+        ADMISSION_WORKERS_BORROWED_TOTAL,
+        "Workers lent ahead of the pool to work coming back from the carrier."
+    );
     describe_histogram!(
         STORE_OPERATION_DURATION_SECONDS,
         Unit::Seconds,
@@ -181,6 +188,7 @@ pub fn register_at_zero(records_backend: &'static str) {
         metrics::counter!(ADMISSION_SHED_TOTAL, "reason" => reason.label()).increment(0);
     }
     metrics::gauge!(ADMISSION_QUEUE_WAITING).set(0.0);
+    metrics::counter!(ADMISSION_WORKERS_BORROWED_TOTAL).increment(0);
     registered(metrics::histogram!(SWEEPER_RUN_DURATION_SECONDS));
     for outcome in crate::carrier::client::CARRIER_OUTCOME_LABELS {
         metrics::counter!(CARRIER_CALLS_TOTAL, "outcome" => outcome).increment(0);

@@ -7,6 +7,7 @@
 //! record (transaction 2). An unknown carrier outcome releases the lease.
 
 use super::{CreateLabelRequest, Label, StoredLabel};
+use crate::admission::WorkerSeat;
 use crate::app::AppState;
 use crate::auth::Caller;
 use crate::carrier::{CarrierLabel, CarrierLabelRequest, CarrierOutcome, carrier_key};
@@ -69,6 +70,7 @@ use store_core::HeldLease;
 pub async fn create_label(
     State(state): State<AppState>,
     trace: TraceContext,
+    seat: WorkerSeat,
     attempt: Attempt,
     body: Bytes,
 ) -> Response {
@@ -98,13 +100,14 @@ pub async fn create_label(
         }
     }
     let traceparent = trace.traceparent();
-    let outcome = state
-        .carrier
-        .buy_traced(
+    // The carrier call needs neither this service's CPU nor its store: the
+    // admission worker waits it out elsewhere (docs/design.md#admission).
+    let outcome = seat
+        .set_aside_while(state.carrier.buy_traced(
             &carrier_key(&lease.caller, request.parcel()),
             &CarrierLabelRequest::from(&request),
             Some(&traceparent),
-        )
+        ))
         .await;
     match outcome {
         CarrierOutcome::Purchased { label, .. } => {

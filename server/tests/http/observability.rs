@@ -398,6 +398,7 @@ async fn every_counter_and_histogram_is_exported_at_zero_right_after_start() {
         "idem_carrier_calls_total{outcome=\"slow_down\"}",
         "idem_carrier_retries_total",
         "idem_carrier_retries_throttled_total",
+        "idem_admission_workers_borrowed_total",
         "idem_http_requests_total{route=\"/v1/labels\",method=\"POST\",status=\"503\",outcome=\"unavailable\"}",
         "idem_http_requests_total{route=\"/v1/labels\",method=\"POST\",status=\"500\",outcome=\"internal_error\"}",
         "idem_waiters",

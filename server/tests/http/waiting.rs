@@ -84,15 +84,16 @@ async fn the_configured_per_key_waiter_cap_applies() {
 
 /// A waiter gives its admission worker up while it waits, and one that
 /// becomes the attempt (the first attempt released the key) is admitted
-/// again before it runs: with two workers, the waiter's run and another
-/// slow request hold both, so a third request is shed, not served by a
-/// worker the waiter's work should have held.
+/// again before it runs: with one worker, held by a request whose body is
+/// still on its way, the waiter that becomes the attempt is shed with 503
+/// `overloaded` and buys nothing, instead of running without a worker.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_waiter_that_becomes_the_attempt_runs_holding_an_admission_worker() {
+async fn a_waiter_that_becomes_the_attempt_is_admitted_again_before_it_runs() {
+    use tokio::io::AsyncWriteExt;
     let admission = |field: &str, value: &str| (format!("IDEM__SERVER__ADMISSION__{field}"), value.to_owned());
     let options = Options {
         extra_env: vec![
-            admission("WORKERS", "2"),
+            admission("WORKERS", "1"),
             admission("TARGET_MS", "10"),
             admission("INTERVAL_MS", "10"),
             no_carrier_retries(),
@@ -100,52 +101,54 @@ async fn a_waiter_that_becomes_the_attempt_runs_holding_an_admission_worker() {
         ..Options::default()
     };
     let server = TestServer::start_with(StoreKind::Embedded, options).await;
-    let call = |delay_ms, fault| ScriptStep { delay_ms, fault };
-    // The carrier's next calls, in order: the first attempt fails after a
-    // while (its key is released), the other request is slow, and the
-    // waiter's own run takes a while too.
+    // The first attempt fails at the carrier after a while: its key is
+    // released, and the waiter becomes the attempt.
     server
-        .carrier_script(&[
-            call(FIRST_ATTEMPT_MS / 2, SimulatedFault::Error),
-            call(FIRST_ATTEMPT_MS * 2, SimulatedFault::None),
-            call(FIRST_ATTEMPT_MS, SimulatedFault::None),
-        ])
+        .carrier_script(&[ScriptStep {
+            delay_ms: FIRST_ATTEMPT_MS,
+            fault: SimulatedFault::Error,
+        }])
         .await;
     let (key, order) = (fresh_key(), order_id());
     let body = label_body(order, 1);
-    let (slow_key, slow_body) = (fresh_key(), label_body(order_id(), 1));
-    let (third_key, third_body) = (fresh_key(), label_body(order_id(), 1));
     let first = server.post_label(Some(ALICE), Some(&key), &body);
     let rest = async {
+        // The first attempt holds no worker while at the carrier.
         until_at_the_carrier(&server, 1).await;
         let waiter = server.post_label_with_headers(Some(ALICE), Some(&key), &body, &[PREFER]);
-        let others = async {
+        let blocker = async {
             until_waiting(&server, 1).await;
-            // Takes the worker the waiter gave up.
-            let slow = server.post_label(Some(ALICE), Some(&slow_key), &slow_body);
-            let third = async {
-                // The slow request and then the waiter's run at the carrier.
-                until_at_the_carrier(&server, 3).await;
-                server.post_label(Some(ALICE), Some(&third_key), &third_body).await
-            };
-            tokio::join!(slow, third)
+            // Takes the only worker, the one the waiter gave up, and keeps it
+            // while the idempotency layer waits for the announced body.
+            let address = server.base.trim_start_matches("http://").to_owned();
+            let mut stream = tokio::net::TcpStream::connect(&address).await.unwrap();
+            let head = format!(
+                "POST /v1/labels HTTP/1.1\r\nhost: {address}\r\nauthorization: Bearer {ALICE}\r\n\
+                 content-type: application/json\r\nidempotency-key: {}\r\ncontent-length: 100\r\n\r\n",
+                fresh_key()
+            );
+            stream.write_all(head.as_bytes()).await.unwrap();
+            until_gauge(&server, "idem_http_requests_in_flight", 3).await;
+            stream
         };
-        tokio::join!(waiter, others)
+        tokio::join!(waiter, blocker)
     };
-    let (first, (waiter, (slow, third))) = tokio::join!(first, rest);
+    let (first, (waiter, _blocker)) = tokio::join!(first, rest);
     assert_eq!(
         (first.status, first.problem_code().as_str()),
         (503, "downstream_unavailable")
     );
-    assert_eq!(waiter.status, 201, "the waiter ran as the attempt: {}", waiter.text());
-    assert_eq!(waiter.header("idempotent-replayed"), None);
-    assert_eq!(slow.status, 201, "{}", slow.text());
     assert_eq!(
-        (third.status, third.problem_code().as_str()),
+        (waiter.status, waiter.problem_code().as_str()),
         (503, "overloaded"),
-        "both workers were held: the slow request's and the waiter's run"
+        "the waiter became the attempt with no worker free: {}",
+        waiter.text()
     );
-    assert_eq!(purchases_for(&server.carrier_stats().await, order), 1);
+    assert_eq!(
+        purchases_for(&server.carrier_stats().await, order),
+        0,
+        "nothing was bought"
+    );
     server.shutdown().await;
 }
 
@@ -246,13 +249,21 @@ async fn until_at_the_carrier(server: &TestServer, calls: u64) {
 
 /// Waits until `waiters` requests wait on `server` (its `idem_waiters`).
 async fn until_waiting(server: &TestServer, waiters: usize) {
+    until_gauge(server, "idem_waiters", waiters).await;
+}
+
+/// Waits until the gauge `metric` of `server` reaches `at_least`.
+async fn until_gauge(server: &TestServer, metric: &str, at_least: usize) {
     let deadline = tokio::time::Instant::now() + Duration::from_millis(SETTLE_MS_MAX);
     loop {
-        let waiting = metric_value(&server.metrics_text().await, "idem_waiters", &[]);
-        if waiting >= waiters as f64 {
+        let value = metric_value(&server.metrics_text().await, metric, &[]);
+        if value >= at_least as f64 {
             return;
         }
-        assert!(tokio::time::Instant::now() < deadline, "{waiting} waiters registered");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{metric} is {value}, not {at_least}"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }

@@ -57,7 +57,7 @@ async fn storm(backend: StoreKind) {
         // Every request admitted: this test is about one key under a
         // storm, not about shedding (overload.rs is).
         admission: AdmissionConfig {
-            workers: requests * 2,
+            workers: Some(requests * 2),
             ..AdmissionConfig::default()
         },
         ..ServiceOptions::default()
