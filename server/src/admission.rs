@@ -106,8 +106,8 @@ impl AdmissionConfig {
 /// connection where admission control cannot see it. Measured at 2,000/s
 /// offered on 2 cores (BENCHMARKS.md, "Workers in front of PostgreSQL"): 64
 /// workers collapsed (25,486 intents labelled in 30 s, 233,167 client
-/// timeouts), 16 shed with 23,037 client timeouts, 8 shed every excess
-/// request at once (no timeouts).
+/// timeouts), 16 left 130,659 client timeouts, 8 shed every excess request
+/// at once (no timeouts) in two runs of four.
 pub fn workers_for_postgres_pool(pool_size: usize) -> usize {
     (pool_size / 2).max(1)
 }
