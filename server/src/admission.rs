@@ -107,7 +107,7 @@ impl AdmissionConfig {
 /// offered on 2 cores (BENCHMARKS.md, "Workers in front of PostgreSQL"): 64
 /// workers collapsed (25,486 intents labelled in 30 s, 233,167 client
 /// timeouts), 16 left 130,659 client timeouts, 8 shed every excess request
-/// at once (no timeouts) in two runs of four.
+/// at once (no timeouts) in two runs of five.
 pub fn workers_for_postgres_pool(pool_size: usize) -> usize {
     (pool_size / 2).max(1)
 }
@@ -246,8 +246,14 @@ impl Seat {
         })
     }
 
+    /// Fills the vacant seat. A seat holds one worker at a time: a request
+    /// is admitted again only after the worker it had was given back (a
+    /// waiter drops its work guards before it waits), and takes one back
+    /// from a set-aside only after vacating.
     fn hold(&self, held: Held) {
         let previous = std::mem::replace(&mut *self.lock(), held);
+        debug_assert!(matches!(previous, Held::Vacant), "a seat holds one worker at a time");
+        // Never leak a worker, whatever happened.
         self.admission.give_back(previous);
     }
 
