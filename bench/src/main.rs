@@ -4,6 +4,14 @@ use bench::cli::Cli;
 use clap::Parser;
 use std::process::ExitCode;
 
+/// mimalloc instead of glibc's malloc, as in the server: the client
+/// allocates and frees many small buffers on several threads, and in a
+/// collapsed PostgreSQL run about a sixth of the bench's CPU went to glibc's
+/// allocator (BENCHMARKS.md, "Workers in front of PostgreSQL"). On a 2-core
+/// machine the bench shares with what it measures, its CPU is theirs.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
