@@ -14,8 +14,7 @@
 //! not silently fall back to a default. Every refusal names the field.
 
 use crate::admission::{
-    ADMISSION_MS_MAX, ADMISSION_QUEUE_MAX_LIMIT, ADMISSION_WORKERS_DEFAULT, ADMISSION_WORKERS_MAX, AdmissionConfig,
-    workers_for_postgres_pool,
+    ADMISSION_MS_MAX, ADMISSION_QUEUE_MAX_LIMIT, ADMISSION_WORKERS_MAX, AdmissionConfig, workers_for_postgres_pool,
 };
 use crate::carrier::CarrierRetries;
 use crate::carrier::retry::{
@@ -700,18 +699,17 @@ impl Config {
         self.validate_store()
     }
 
-    /// `[server.admission]` with its workers resolved: as configured, or
-    /// the default for the store (half the pool in front of PostgreSQL,
-    /// `admission::workers_for_postgres_pool`).
+    /// `[server.admission]` with the store's own default number of workers
+    /// where none is configured: half the pool in front of PostgreSQL
+    /// (`admission::workers_for_postgres_pool`); the other stores keep
+    /// `AdmissionConfig::workers`'s default.
     pub fn admission(&self) -> AdmissionConfig {
-        let workers = self.server.admission.workers.unwrap_or(match self.store.kind {
-            StoreKind::Postgres => workers_for_postgres_pool(self.store.postgres.pool_size),
-            StoreKind::Embedded | StoreKind::Redis | StoreKind::Foundationdb | StoreKind::Memory => {
-                ADMISSION_WORKERS_DEFAULT
-            }
-        });
+        let store_default = match self.store.kind {
+            StoreKind::Postgres => Some(workers_for_postgres_pool(self.store.postgres.pool_size)),
+            StoreKind::Embedded | StoreKind::Redis | StoreKind::Foundationdb | StoreKind::Memory => None,
+        };
         AdmissionConfig {
-            workers: Some(workers),
+            workers: self.server.admission.workers.or(store_default),
             ..self.server.admission
         }
     }
@@ -1191,6 +1189,7 @@ fn override_value(raw: &str) -> toml::Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::admission::ADMISSION_WORKERS_DEFAULT;
 
     fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
         pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
