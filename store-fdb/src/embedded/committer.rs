@@ -23,18 +23,32 @@ struct CommitRequest {
 
 /// Group commit on one thread of its own. Every commit is handed to it; it
 /// takes all the requests that are waiting, commits them one after another
-/// into the journal's OS buffers, runs one fdatasync for all of them (when
-/// the durability asks for it), and only then answers each. Commits that
-/// arrive during a sync wait for the next one, so under load many commits
-/// share one sync, and a commit costs one hand-off instead of a blocking
-/// thread of its own. (fjall syncs a journal before rotating it, so a sync
-/// never misses a commit that landed in the previous journal.)
+/// into the journal's buffer in memory, then persists the batch once (one
+/// write to the OS and, when the durability asks for it, one fdatasync), and
+/// only then answers each. Commits that arrive meanwhile wait for the next
+/// batch, so under load many commits share one write and one sync, and a
+/// commit costs one hand-off instead of a blocking thread of its own.
+///
+/// A commit itself makes no system call: fjall holds its transaction lock
+/// (the one every `write_tx` takes to begin) while it writes the journal,
+/// and a write per commit under that lock made the async workers wait for
+/// it (BENCHMARKS.md, "The embedded engine's stalls"). (fjall persists a
+/// journal before rotating it, so a batch never misses a commit that landed
+/// in the previous journal.)
 pub(super) struct Committer {
     /// `None` once the engine is being dropped, which ends the thread.
     requests: Option<mpsc::Sender<CommitRequest>>,
     thread: Option<std::thread::JoinHandle<()>>,
     pub(super) watermarks: Arc<Watermarks>,
-    durable_commits: bool,
+    /// Held by the thread while it commits a batch, and by each transaction
+    /// while it begins. fjall's `write_tx` takes the mutex its commits hold
+    /// while they write the journal and the memtable, and a commit can wait
+    /// there for tens of milliseconds while fjall's flush worker holds the
+    /// journal (BENCHMARKS.md, "The embedded engine's stalls"): an async
+    /// worker blocked in `write_tx` stalls every request on it. Behind this
+    /// gate a transaction that would wait yields instead, and the worker
+    /// goes on serving other requests.
+    gate: Arc<tokio::sync::Mutex<()>>,
 }
 
 /// Counts of write commits, so a read-only transaction can tell whether
@@ -44,9 +58,10 @@ pub(super) struct Committer {
 pub(super) struct Watermarks {
     /// Write commits started, counted before each becomes visible.
     pub(super) started: AtomicU64,
-    /// Every write commit counted up to here is durable.
+    /// Every write commit counted up to here is persisted as the
+    /// durability asks (synced, or with the OS for `Buffer`).
     pub(super) durable: AtomicU64,
-    /// Syncs run, for tests.
+    /// Batches persisted, for tests.
     pub(super) syncs: AtomicU64,
     /// Set when a commit or a sync failed: fjall takes no more writes on
     /// this opening of the database.
@@ -57,20 +72,25 @@ impl Committer {
     pub(super) fn start(database: OptimisticTxDatabase, durability: Durability) -> std::io::Result<Self> {
         let (requests, queue) = mpsc::channel();
         let watermarks = Arc::new(Watermarks::default());
-        let sync_mode = durability.sync_mode();
-        let thread_watermarks = watermarks.clone();
+        let gate = Arc::new(tokio::sync::Mutex::new(()));
+        let mode = durability.persist_mode();
+        let (thread_watermarks, thread_gate) = (watermarks.clone(), gate.clone());
         let thread = std::thread::Builder::new()
             .name("idem-embedded-commit".to_owned())
-            .spawn(move || {
-                let sync = sync_mode.map(|mode| move || database.persist(mode));
-                run_committer(&queue, &thread_watermarks, sync);
-            })?;
+            .spawn(move || run_committer(&queue, &thread_watermarks, &thread_gate, || database.persist(mode)))?;
         Ok(Self {
             requests: Some(requests),
             thread: Some(thread),
             watermarks,
-            durable_commits: sync_mode.is_some(),
+            gate,
         })
+    }
+
+    /// Begins a write transaction on `database` (this committer's), waiting
+    /// asynchronously while the thread commits a batch.
+    pub(super) async fn begin(&self, database: &OptimisticTxDatabase) -> fjall::Result<WriteTransaction> {
+        let _gate = self.gate.lock().await;
+        begin_write(database)
     }
 
     /// Hands a request to the thread and waits for its answer.
@@ -89,13 +109,13 @@ impl Committer {
             .unwrap_or_else(|_| Err("the committer thread dropped a commit".to_owned()))
     }
 
-    /// True when every write commit that a read could have seen is durable
-    /// already (always, without durable commits): a read-only transaction
-    /// then needs no sync. Called after the transaction's reads: a commit
-    /// they saw was counted in `started` before it became visible.
+    /// True when every write commit that a read could have seen is
+    /// persisted already: a read-only transaction then needs no hand-off.
+    /// Called after the transaction's reads: a commit they saw was counted
+    /// in `started` before it became visible.
     pub(super) fn reads_are_durable(&self) -> bool {
         let started = self.watermarks.started.load(Ordering::SeqCst);
-        !self.durable_commits || self.watermarks.durable.load(Ordering::SeqCst) >= started
+        self.watermarks.durable.load(Ordering::SeqCst) >= started
     }
 }
 
@@ -111,18 +131,26 @@ impl Drop for Committer {
     }
 }
 
+/// A write transaction as the committer expects it: with no durability of
+/// its own, so its commit writes only the journal's buffer in memory and the
+/// batch's persist writes it out.
+fn begin_write(database: &OptimisticTxDatabase) -> fjall::Result<WriteTransaction> {
+    Ok(database.write_tx()?.durability(None))
+}
+
 /// Most requests one batch takes: one sync covers at most this many
 /// commits, so a burst cannot keep every commit of it waiting on a sync
 /// behind an unbounded journal write. Commits left in the queue go into the
 /// next batch at once.
 pub(super) const COMMIT_BATCH_MAX: usize = 1_024;
 
-/// The committer thread: batches until the channel closes. `sync` is `None`
-/// when commits need no sync (`Durability::Buffer`).
+/// The committer thread: batches until the channel closes. `persist` writes
+/// the journal's buffer to the OS and syncs it as the durability asks.
 fn run_committer(
     queue: &mpsc::Receiver<CommitRequest>,
     watermarks: &Watermarks,
-    sync: Option<impl Fn() -> Result<(), fjall::Error>>,
+    gate: &tokio::sync::Mutex<()>,
+    persist: impl Fn() -> Result<(), fjall::Error>,
 ) {
     while let Ok(first) = queue.recv() {
         let mut batch = vec![first];
@@ -132,6 +160,7 @@ fn run_committer(
             "a batch holds 1 to {COMMIT_BATCH_MAX} requests"
         );
         let durable_before = watermarks.durable.load(Ordering::SeqCst);
+        let gate_held = gate.blocking_lock();
         let mut answers: Vec<_> = batch
             .into_iter()
             .map(|request| {
@@ -139,6 +168,7 @@ fn run_committer(
                 (request.answer, answer)
             })
             .collect();
+        drop(gate_held);
         let started = watermarks.started.load(Ordering::SeqCst);
         // Only this thread moves the watermarks: what is durable never runs
         // ahead of what was started, nor goes back.
@@ -146,14 +176,13 @@ fn run_committer(
             durable_before <= started && durable_before == watermarks.durable.load(Ordering::SeqCst),
             "durable watermark {durable_before} against started {started}"
         );
-        // Only commits since the last sync need one; a batch of read-only
+        // Only commits since the last persist need one; a batch of read-only
         // requests whose reads are covered already goes without.
-        let synced = match &sync {
-            Some(sync) if watermarks.durable.load(Ordering::SeqCst) < started => {
-                watermarks.syncs.fetch_add(1, Ordering::Relaxed);
-                sync()
-            }
-            _ => Ok(()),
+        let synced = if watermarks.durable.load(Ordering::SeqCst) < started {
+            watermarks.syncs.fetch_add(1, Ordering::Relaxed);
+            persist()
+        } else {
+            Ok(())
         };
         match synced {
             Ok(()) => watermarks.durable.store(started, Ordering::SeqCst),
@@ -175,8 +204,9 @@ fn run_committer(
     }
 }
 
-/// Commits one transaction into the journal's OS buffers, counting it as
-/// started before it can become visible.
+/// Commits one transaction into the journal's buffer (transactions begin
+/// with no durability of their own: the batch's persist writes them out),
+/// counting it as started before it can become visible.
 fn commit_one(transaction: Option<WriteTransaction>, watermarks: &Watermarks) -> CommitAnswer {
     let Some(transaction) = transaction else {
         return Ok(true);
@@ -201,6 +231,9 @@ mod tests {
     use fjall::{KeyspaceCreateOptions, PersistMode};
     use std::sync::Mutex;
 
+    /// In every value `queued_writes` writes, to find it in the journal.
+    const MARKER: &str = "written-by-the-committer-test";
+
     /// A fresh fjall database with one written, uncommitted transaction per
     /// request, queued for the committer.
     fn queued_writes(
@@ -210,18 +243,26 @@ mod tests {
         mpsc::Receiver<CommitRequest>,
         Vec<oneshot::Receiver<CommitAnswer>>,
     ) {
-        let database = OptimisticTxDatabase::builder(EmbeddedConfig::temporary().path)
-            .temporary(true)
-            .open()
-            .unwrap();
+        queued_writes_in(&EmbeddedConfig::temporary().path, count)
+    }
+
+    fn queued_writes_in(
+        directory: &std::path::Path,
+        count: usize,
+    ) -> (
+        OptimisticTxDatabase,
+        mpsc::Receiver<CommitRequest>,
+        Vec<oneshot::Receiver<CommitAnswer>>,
+    ) {
+        let database = OptimisticTxDatabase::builder(directory).temporary(true).open().unwrap();
         let keyspace = database
             .keyspace(KEYSPACE_NAME, KeyspaceCreateOptions::default)
             .unwrap();
         let (requests, queue) = mpsc::channel();
         let mut answers = Vec::new();
         for n in 0..count {
-            let mut transaction = database.write_tx().unwrap();
-            transaction.insert(&keyspace, format!("key-{n}"), "value");
+            let mut transaction = begin_write(&database).unwrap();
+            transaction.insert(&keyspace, format!("key-{n}"), format!("value-{n}-{MARKER}"));
             let (answer, answered) = oneshot::channel();
             requests
                 .send(CommitRequest {
@@ -247,13 +288,48 @@ mod tests {
             database.persist(PersistMode::SyncData)
         };
         // The channel closes when the queue is drained: the thread's loop ends.
-        run_committer(&queue, &watermarks, Some(sync));
+        run_committer(&queue, &watermarks, &Default::default(), sync);
         for mut answered in answers.into_inner().unwrap() {
             assert_eq!(answered.try_recv().unwrap(), Ok(true));
         }
         assert_eq!(watermarks.syncs.load(Ordering::SeqCst), 1);
         assert_eq!(watermarks.started.load(Ordering::SeqCst), COMMITS as u64);
         assert_eq!(watermarks.durable.load(Ordering::SeqCst), COMMITS as u64);
+    }
+
+    /// The journal files' bytes on disk, as another process would read them.
+    fn journal_bytes(directory: &std::path::Path) -> Vec<u8> {
+        let mut bytes = Vec::new();
+        for entry in std::fs::read_dir(directory).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|extension| extension == "jnl") {
+                bytes.extend(std::fs::read(path).unwrap());
+            }
+        }
+        bytes
+    }
+
+    fn contains(haystack: &[u8], needle: &str) -> bool {
+        haystack.windows(needle.len()).any(|window| window == needle.as_bytes())
+    }
+
+    #[test]
+    fn commits_reach_the_journal_file_only_with_their_batchs_persist() {
+        let directory = EmbeddedConfig::temporary().path;
+        let (database, queue, _answers) = queued_writes_in(&directory, 3);
+        let watermarks = Watermarks::default();
+        for request in queue.try_iter() {
+            assert_eq!(commit_one(request.transaction, &watermarks), Ok(true));
+        }
+        assert!(
+            !contains(&journal_bytes(&directory), MARKER),
+            "a commit wrote its journal entry out by itself: one system call per commit"
+        );
+        database.persist(fjall::PersistMode::Buffer).unwrap();
+        assert!(
+            contains(&journal_bytes(&directory), MARKER),
+            "the batch's persist writes the commits out"
+        );
     }
 
     #[test]
@@ -265,7 +341,7 @@ mod tests {
             syncs_seen.fetch_add(1, Ordering::SeqCst);
             Ok(())
         };
-        run_committer(&queue, &watermarks, Some(sync));
+        run_committer(&queue, &watermarks, &Default::default(), sync);
         for mut answered in answers {
             assert_eq!(answered.try_recv().unwrap(), Ok(true));
         }
@@ -281,7 +357,7 @@ mod tests {
     fn a_failed_sync_leaves_every_commit_of_its_batch_unknown_and_nothing_durable() {
         let (_database, queue, answers) = queued_writes(3);
         let watermarks = Watermarks::default();
-        run_committer(&queue, &watermarks, Some(|| Err(fjall::Error::Poisoned)));
+        run_committer(&queue, &watermarks, &Default::default(), || Err(fjall::Error::Poisoned));
         for mut answered in answers {
             assert!(answered.try_recv().unwrap().is_err());
         }
@@ -309,6 +385,24 @@ mod tests {
         // A barrier with nothing new to cover runs no sync.
         committer.submit(None).await.unwrap();
         assert_eq!(watermarks.syncs.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_transaction_beginning_during_a_batchs_commit_waits_without_blocking_its_thread() {
+        let engine = EmbeddedEngine::open(&EmbeddedConfig::temporary()).unwrap();
+        let database = open_database(&engine);
+        let committer = &database.committer;
+        // As the thread does while it commits a batch.
+        let committing = committer.gate.clone().try_lock_owned().unwrap();
+        let begin = committer.begin(&database.database);
+        tokio::pin!(begin);
+        // One thread runs both: the timer fires only if the begin yields it.
+        tokio::select! {
+            _ = &mut begin => panic!("a transaction began while a batch was being committed"),
+            () = tokio::time::sleep(std::time::Duration::from_millis(20)) => {}
+        }
+        drop(committing);
+        begin.await.expect("the transaction begins once the batch is committed");
     }
 
     #[test]

@@ -27,12 +27,13 @@ pub enum Durability {
 }
 
 impl Durability {
-    /// The sync a commit waits for, if any.
-    pub(super) fn sync_mode(self) -> Option<PersistMode> {
+    /// What the committer makes of each batch's journal writes before it
+    /// acknowledges them: synced, or handed to the OS (`Buffer`).
+    pub(super) fn persist_mode(self) -> PersistMode {
         match self {
-            Durability::SyncData => Some(PersistMode::SyncData),
-            Durability::SyncAll => Some(PersistMode::SyncAll),
-            Durability::Buffer => None,
+            Durability::SyncData => PersistMode::SyncData,
+            Durability::SyncAll => PersistMode::SyncAll,
+            Durability::Buffer => PersistMode::Buffer,
         }
     }
 }

@@ -10,7 +10,7 @@ use crate::engine::{
     VALUE_BYTES_MAX,
 };
 use fjall::OptimisticWriteTx as WriteTransaction;
-use fjall::{PersistMode, Readable};
+use fjall::Readable;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use store_core::SharedClock;
@@ -18,11 +18,7 @@ use store_core::SharedClock;
 impl EmbeddedEngine {
     pub(super) async fn begin(&self) -> Result<EmbeddedTx, EngineError> {
         let database = self.database().await?;
-        let inner = database
-            .database
-            .write_tx()
-            .map_err(io_error)?
-            .durability(Some(PersistMode::Buffer));
+        let inner = database.committer.begin(&database.database).await.map_err(io_error)?;
         Ok(EmbeddedTx(Arc::new(TxState {
             inner: Mutex::new(Some(inner)),
             database,
