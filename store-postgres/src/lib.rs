@@ -34,6 +34,7 @@ pub use config::{
 /// The driver and its pool, so callers write effects against the same versions
 /// (an effect gets a `deadpool_postgres::Client` inside the open transaction).
 pub use deadpool_postgres;
+pub use effect::{ROW_EFFECT_FIRST_PARAMETER, RowCompletion, RowEffect};
 pub use error::{EffectError, RETRY_BACKOFF_MS_MAX, TRANSACTION_ATTEMPTS_MAX};
 pub use migrate::{
     MIGRATION_LOCK_KEY, MIGRATION_NAMESPACE_BYTES_MAX, MIGRATION_STATEMENT_TIMEOUT_MS, MigrateError, Migration,

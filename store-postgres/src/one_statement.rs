@@ -59,13 +59,32 @@ const CLAIM: &str = concat!(
        LEFT JOIN idempotency_keys AS keys ON keys.caller_id = $1 AND keys.idem_key = $2"
 );
 
-/// The guard of every fenced statement: the record is live, started, and
-/// held by the token in `$3`. It is the machine's `held_by`; the lease's own
-/// expiry does not matter while nobody has taken the key over.
+/// The guard of every fenced statement on the row `keys` of `$1`, `$2`: the
+/// record is live, started, and held by the token in `$3`. It is the
+/// machine's `held_by`; the lease's own expiry does not matter while nobody
+/// has taken the key over.
+macro_rules! holder_guard {
+    () => {
+        "keys.state = 'started' AND keys.lease_token = $3 AND keys.expires_at > clock.now"
+    };
+}
+
 macro_rules! held_by_token {
     () => {
-        " WHERE keys.caller_id = $1 AND keys.idem_key = $2 AND keys.state = 'started' \
-          AND keys.lease_token = $3 AND keys.expires_at > clock.now"
+        concat!(
+            " WHERE keys.caller_id = $1 AND keys.idem_key = $2 AND ",
+            holder_guard!()
+        )
+    };
+}
+
+/// What a completion writes (the machine's completed record), with the
+/// response in `$4` to `$7`, the token in `$3` and the retention in `$8`.
+macro_rules! completion_columns {
+    () => {
+        "state = 'completed', locked_until = NULL, lease_token = NULL, recovery_point = NULL, \
+         response_status = $4, response_header_names = $5, response_header_values = $6, response_body = $7, \
+         completed_by = $3, expires_at = clock.now + $8::bigint * interval '1 millisecond'"
     };
 }
 
@@ -89,11 +108,7 @@ macro_rules! fenced_update {
 
 const CHECKPOINT: &str = fenced_update!("recovery_point = $4");
 
-const COMPLETE: &str = fenced_update!(
-    "state = 'completed', locked_until = NULL, lease_token = NULL, recovery_point = NULL, \
-     response_status = $4, response_header_names = $5, response_header_values = $6, response_body = $7, \
-     completed_by = $3, expires_at = clock.now + $8::bigint * interval '1 millisecond'"
-);
+const COMPLETE: &str = fenced_update!(completion_columns!());
 
 const RELEASE: &str = fenced_update!("locked_until = least(keys.locked_until, clock.now)");
 
@@ -199,22 +214,8 @@ pub(crate) async fn fenced_write<C: GenericClient>(
             fenced(client, CHECKPOINT, &params, step).await
         }
         FencedWrite::Complete(response) => {
-            let status = i32::from(response.status());
-            let names: Vec<&str> = response.headers().iter().map(|(name, _)| name.as_str()).collect();
-            let values: Vec<&str> = response.headers().iter().map(|(_, value)| value.as_str()).collect();
-            let body = response.body();
-            let retention_ms = bigint_ms(policy.retention_ms());
-            let params: [&(dyn ToSql + Sync); 8] = [
-                &slot.caller,
-                &slot.key_digest,
-                &token,
-                &status,
-                &names,
-                &values,
-                &body,
-                &retention_ms,
-            ];
-            fenced(client, COMPLETE, &params, step).await
+            let completion = CompletionParams::new(slot, lease, response, policy);
+            fenced(client, COMPLETE, &completion.params(), step).await
         }
         FencedWrite::Release => {
             let params: [&(dyn ToSql + Sync); 3] = [&slot.caller, &slot.key_digest, &token];
@@ -225,6 +226,118 @@ pub(crate) async fn fenced_write<C: GenericClient>(
             fenced(client, ABANDON, &params, step).await
         }
     }
+}
+
+/// The parameters `$1` to `$8` of a completion ([`completion_columns!`]).
+struct CompletionParams<'a> {
+    slot: &'a Slot,
+    token: uuid::Uuid,
+    status: i32,
+    names: Vec<&'a str>,
+    values: Vec<&'a str>,
+    body: &'a [u8],
+    retention_ms: i64,
+}
+
+impl<'a> CompletionParams<'a> {
+    fn new(slot: &'a Slot, lease: &HeldLease, response: &'a SavedResponse, policy: &Policy) -> Self {
+        Self {
+            slot,
+            token: token_to_uuid(lease.token),
+            status: i32::from(response.status()),
+            names: response.headers().iter().map(|(name, _)| name.as_str()).collect(),
+            values: response.headers().iter().map(|(_, value)| value.as_str()).collect(),
+            body: response.body(),
+            retention_ms: bigint_ms(policy.retention_ms()),
+        }
+    }
+
+    fn params(&self) -> [&(dyn ToSql + Sync); 8] {
+        [
+            &self.slot.caller,
+            &self.slot.key_digest,
+            &self.token,
+            &self.status,
+            &self.names,
+            &self.values,
+            &self.body,
+            &self.retention_ms,
+        ]
+    }
+}
+
+/// The first parameter number a row effect's values use: `$1` to `$8` are
+/// the completion's.
+pub(crate) const ROW_EFFECT_FIRST_PARAMETER: usize = 9;
+
+/// A completion and a one-row effect in one statement: the record is locked
+/// and read (`previous`), the row is inserted only if this token holds the
+/// record (`effect`), and the record is completed only if the row went in
+/// (`completed`). So a lost lease writes nothing, and a row that is already
+/// there (`ON CONFLICT DO NOTHING`: another key made it, or an earlier try
+/// of this one) leaves the record started for the locked path, whose effect
+/// reads what is there. The last column divides by zero, aborting the
+/// statement, if the row went in without the completion: an effect never
+/// commits alone, whatever the planner does.
+fn completion_with_row_statement(into: &str, values: &str) -> String {
+    format!(
+        concat!(
+            "WITH clock AS (SELECT date_trunc('milliseconds', now()) AS now), ",
+            "previous AS (SELECT ",
+            record_columns!(),
+            " FROM idempotency_keys WHERE caller_id = $1 AND idem_key = $2 FOR UPDATE), ",
+            "effect AS (INSERT INTO {into} SELECT {values} FROM previous AS keys, clock WHERE ",
+            holder_guard!(),
+            " ON CONFLICT DO NOTHING RETURNING 1), ",
+            "completed AS (UPDATE idempotency_keys AS keys SET ",
+            completion_columns!(),
+            " FROM clock WHERE keys.caller_id = $1 AND keys.idem_key = $2 AND EXISTS (SELECT 1 FROM effect) \
+             RETURNING 1) ",
+            "SELECT previous.*, clock.now AS now, EXISTS (SELECT 1 FROM completed) AS completed, ",
+            "1 / (EXISTS (SELECT 1 FROM effect) = EXISTS (SELECT 1 FROM completed))::int AS effect_with_completion ",
+            "FROM clock LEFT JOIN previous ON true"
+        ),
+        into = into,
+        values = values
+    )
+}
+
+/// A completion whose effect is one row, in one statement: `Some(outcome)`
+/// (`Applied`) when the row and the completed record committed, `None` when
+/// nothing was written and the caller must take the transaction of
+/// `complete_with` (a lost lease, a completion already saved, a row already
+/// there, or a row the database refused: there the effect's own error is
+/// told apart from the store's).
+pub(crate) async fn complete_with_row<C: GenericClient>(
+    client: &C,
+    slot: &Slot,
+    lease: &HeldLease,
+    response: &SavedResponse,
+    policy: &Policy,
+    row: (&str, &str, &[&(dyn ToSql + Sync)]),
+) -> Result<Option<Fenced>, Attempt<StoreError>> {
+    let (into, values, row_params) = row;
+    let statement = client
+        .prepare_cached(&completion_with_row_statement(into, values))
+        .await?;
+    let completion = CompletionParams::new(slot, lease, response, policy);
+    let mut params: Vec<&(dyn ToSql + Sync)> = completion.params().to_vec();
+    params.extend_from_slice(row_params);
+    let row = match client.query_one(&statement, &params).await {
+        Ok(row) => row,
+        Err(error) if crate::error::classify(&error) == crate::error::ErrorClass::Refused => {
+            tracing::debug!(%error, "the one-statement completion was refused; taking the transaction");
+            return Ok(None);
+        }
+        Err(error) => return Err(error.into()),
+    };
+    if !boolean_column(&row, "completed")? {
+        return Ok(None);
+    }
+    let previous = record_from_row(&row)?;
+    let now_ms = time_column(&row, "now")?;
+    let step = machine::complete(Found::Record(&previous), lease.token, response.clone(), now_ms, policy);
+    machine_agrees(step).map(Some)
 }
 
 /// Runs one fenced statement. No row back means the guard did not hold and
@@ -246,7 +359,12 @@ where
     };
     let previous = record_from_row(&row)?;
     let now_ms = time_column(&row, "now")?;
-    let step = transition(Found::Record(&previous), now_ms);
+    machine_agrees(transition(Found::Record(&previous), now_ms)).map(Some)
+}
+
+/// The outcome of a one-statement write that committed, which the machine
+/// must agree was applied by this token on the record it replaced.
+fn machine_agrees(step: Step<Fenced>) -> Result<Fenced, Attempt<StoreError>> {
     if step.outcome != Fenced::Applied(()) || step.write == Write::Nothing {
         // The statement wrote (and committed) where the machine would not:
         // the guard above and the machine have drifted apart. Loud, because
@@ -260,7 +378,7 @@ where
             source: None,
         }));
     }
-    Ok(Some(step.outcome))
+    Ok(step.outcome)
 }
 
 fn boolean_column(row: &Row, name: &str) -> Result<bool, StoreError> {

@@ -4,7 +4,10 @@
 //! SQL statement whose guard decides whether it writes. This test puts a
 //! random record (or a tombstone, or nothing) in the table, runs one random
 //! transition through the store, and runs the machine on the same record:
-//! the outcome and the row left behind must be the machine's. Times come from
+//! the outcome and the row left behind must be the machine's. For
+//! `complete_with_row` (a completion and one effect row in one statement),
+//! the effect's row may already be there, and the effect table must hold the
+//! row exactly when the machine completes the record or it was there before. Times come from
 //! the database's clock, read before and after the call; every time the store
 //! wrote or reported must lie between what the machine gives at those two
 //! instants, and everything else must be equal. The records' times sit a
@@ -20,6 +23,7 @@ use store_core::{
     CallerId, ClaimOutcome, ClaimRequest, Fenced, Fingerprint, HeldLease, IdempotencyKey, IdempotencyStore, Lease,
     LeaseToken, Policy, Record, RecordState, RecoveryPoint, SavedResponse,
 };
+use store_postgres::{Migration, ROW_EFFECT_FIRST_PARAMETER, RowCompletion, RowEffect};
 use tokio_postgres::Client;
 use uuid::Uuid;
 
@@ -50,12 +54,26 @@ enum Initial {
 
 #[derive(Debug, Clone)]
 enum Transition {
-    Claim { token: LeaseToken },
+    Claim {
+        token: LeaseToken,
+    },
     Checkpoint,
     Complete,
     Release,
     Abandon,
+    /// A completion with one effect row, which may already be there.
+    CompleteWithRow {
+        row_there: bool,
+    },
 }
+
+/// The effect table of `CompleteWithRow`: one row per key.
+const EFFECT_ROWS: Migration = Migration {
+    namespace: "differential",
+    version: 1,
+    name: "effect_rows",
+    sql: "CREATE TABLE differential_effect_rows (key_name text PRIMARY KEY, made_by text NOT NULL)",
+};
 
 fn token() -> impl Strategy<Value = LeaseToken> {
     prop_oneof![Just(HOLDER), Just(OTHER)]
@@ -89,6 +107,7 @@ fn transition() -> impl Strategy<Value = Transition> {
         Just(Transition::Complete),
         Just(Transition::Release),
         Just(Transition::Abandon),
+        any::<bool>().prop_map(|row_there| Transition::CompleteWithRow { row_there }),
     ]
 }
 
@@ -243,6 +262,7 @@ async fn insert_tombstone(client: &Client, caller: &CallerId, key: &IdempotencyK
 enum Reported {
     Claim(ClaimOutcome),
     Fenced(Fenced),
+    Row(RowCompletion),
 }
 
 /// The machine's step for `transition` at `now_ms`, and the row it leaves.
@@ -267,6 +287,21 @@ fn machine_run(
         Transition::Complete => fenced(machine::complete(found, HOLDER, saved("second"), now_ms, &policy)),
         Transition::Release => fenced(machine::release(found, HOLDER, now_ms)),
         Transition::Abandon => fenced(machine::abandon(found, HOLDER, now_ms)),
+        // One statement only completes a record this lease holds, and only
+        // with a new row; everything else is left to the locked path.
+        Transition::CompleteWithRow { row_there } => {
+            let held = matches!(
+                machine::completion_fence(found, HOLDER, now_ms),
+                machine::CompletionFence::Held
+            );
+            if held && !row_there {
+                let step = machine::complete(found, HOLDER, saved("second"), now_ms, &policy);
+                assert_eq!(step.outcome, Fenced::Applied(()));
+                (Reported::Row(RowCompletion::Committed), step.write)
+            } else {
+                (Reported::Row(RowCompletion::Undecided), Write::Nothing)
+            }
+        }
     };
     let after = match write {
         Write::Nothing => before,
@@ -392,6 +427,12 @@ async fn run_case(store: &store_postgres::PostgresStore, client: &Client, initia
         Transition::Complete => Reported::Fenced(store.complete(&lease, saved("second")).await.expect("complete")),
         Transition::Release => Reported::Fenced(store.release(&lease).await.expect("release")),
         Transition::Abandon => Reported::Fenced(store.abandon(&lease).await.expect("abandon")),
+        Transition::CompleteWithRow { row_there } => {
+            if *row_there {
+                insert_effect_row(client, &key, "another key").await;
+            }
+            Reported::Row(complete_with_row(store, &lease, &key).await)
+        }
     };
     let after_ms = database_now_ms(client).await;
     let row = store.inspect(&caller, &key).await.expect("inspect");
@@ -400,6 +441,53 @@ async fn run_case(store: &store_postgres::PostgresStore, client: &Client, initia
     let what = format!("{initial:?} then {transition:?}");
     agrees(&reported, &early_reported, &late_reported, &format!("{what}: outcome"));
     agrees(&row, &early_row, &late_row, &format!("{what}: row"));
+    if let Transition::CompleteWithRow { row_there } = transition {
+        let expected = match (row_there, &reported) {
+            (true, _) => Some("another key".to_owned()),
+            (false, Reported::Row(RowCompletion::Committed)) => Some("this key".to_owned()),
+            (false, _) => None,
+        };
+        assert_eq!(effect_row(client, &key).await, expected, "{what}: effect row");
+    }
+}
+
+async fn complete_with_row(
+    store: &store_postgres::PostgresStore,
+    lease: &HeldLease,
+    key: &IdempotencyKey,
+) -> RowCompletion {
+    assert_eq!(ROW_EFFECT_FIRST_PARAMETER, 9);
+    let key_name = key.as_str();
+    let row = RowEffect {
+        into: "differential_effect_rows (key_name, made_by)",
+        values: "$9::text, 'this key'",
+        params: &[&key_name],
+    };
+    store
+        .complete_with_row(lease, &saved("second"), row)
+        .await
+        .expect("complete with row")
+}
+
+async fn insert_effect_row(client: &Client, key: &IdempotencyKey, made_by: &str) {
+    client
+        .execute(
+            "INSERT INTO differential_effect_rows (key_name, made_by) VALUES ($1, $2)",
+            &[&key.as_str(), &made_by],
+        )
+        .await
+        .expect("insert the effect row");
+}
+
+async fn effect_row(client: &Client, key: &IdempotencyKey) -> Option<String> {
+    client
+        .query_opt(
+            "SELECT made_by FROM differential_effect_rows WHERE key_name = $1",
+            &[&key.as_str()],
+        )
+        .await
+        .expect("read the effect row")
+        .map(|row| row.get(0))
 }
 
 #[test]
@@ -407,7 +495,10 @@ fn one_statement_transitions_agree_with_the_state_machine() {
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     let (store, client, _database) = runtime.block_on(async {
         let database = common::fresh_database().await;
-        let store = database.migrated_store(policy(), &[]).await.expect("migrated store");
+        let store = database
+            .migrated_store(policy(), &[EFFECT_ROWS])
+            .await
+            .expect("migrated store");
         let client = common::raw_client(&database.url).await;
         (store, client, database)
     });
