@@ -108,15 +108,21 @@ impl LoadArgs {
         }
     }
 
+    /// The ramp, when `--ramp` asks for it.
     pub fn ramp(&self) -> Option<RampSettings> {
-        self.ramp.then(|| RampSettings {
+        self.ramp.then(|| self.ramp_settings())
+    }
+
+    /// The ramp the `--ramp-*` arguments describe, asked for or not.
+    pub fn ramp_settings(&self) -> RampSettings {
+        RampSettings {
             start_per_s: self.ramp_start,
             step_per_s: self.ramp_step,
             max_per_s: self.ramp_max,
             step_duration: Duration::from_secs(self.ramp_step_s),
             slo_p99_ms: self.slo_p99_ms,
             refine_steps: self.ramp_refine,
-        })
+        }
     }
 }
 
@@ -240,13 +246,26 @@ pub struct StoreArgs {
 pub enum CompareMode {
     Store,
     Http,
+    /// Store mode, http at --rate, a ramp for the capacity and the overload
+    /// profile of that capacity, per backend: the published table in one run.
+    Full,
 }
 
 #[derive(Debug, Clone, Args)]
 pub struct CompareArgs {
-    /// Store mode (the API directly) or http mode (a spawned Label service per backend).
+    /// Store mode (the API directly), http mode (a spawned Label service per
+    /// backend), or full (both, the ramp and the overload profile, one table).
     #[arg(long, value_enum, default_value_t = CompareMode::Store)]
     pub mode: CompareMode,
+    /// Full mode: seconds per overload phase.
+    #[arg(long, default_value_t = crate::http_mode::cli::PHASE_S_DEFAULT)]
+    pub phase_s: u64,
+    /// Full mode: before each run, wait for the 1-minute load to fall below this.
+    #[arg(long, default_value_t = crate::compare::SETTLE_LOAD_DEFAULT)]
+    pub settle_load: f64,
+    /// Full mode: the longest wait for the load to fall, in seconds.
+    #[arg(long, default_value_t = crate::compare::SETTLE_S_MAX_DEFAULT)]
+    pub settle_s_max: u64,
     /// Backends to try; each one this machine cannot start is reported as unavailable.
     #[arg(long = "backend", value_enum, default_values_t = StoreKind::SELF_STARTED)]
     pub backends: Vec<StoreKind>,

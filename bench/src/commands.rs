@@ -2,10 +2,12 @@
 
 use crate::cli::{Cli, Command, CompareArgs, CompareMode, OutputArgs, StoreArgs};
 use crate::engine::PlanError;
-use crate::http_mode::{self, HttpError, HttpRun};
+use crate::http_mode::{self, HttpError, HttpReport, HttpRun};
 use crate::output::{OutputError, Report, Unavailable};
+use crate::store_mode::run::StoreReport;
 use crate::store_mode::run::{StoreRunSettings, bench_target};
 use crate::store_mode::{self, TargetError};
+use server::config::StoreKind;
 use std::process::ExitCode;
 use store_core::Policy;
 
@@ -88,42 +90,68 @@ fn exit_for_audit(passed: bool) -> ExitCode {
 async fn compare(args: CompareArgs) -> Result<ExitCode, BenchError> {
     let seed = args.load.seed();
     let mut report = Report::new(seed);
-    let mut passed = true;
-    for backend in &args.backends {
-        match args.mode {
-            CompareMode::Store => {
-                let store_args = StoreArgs {
-                    backends: vec![*backend],
-                    load: args.load.clone(),
-                    saturation: args.saturation.clone(),
-                    backend: args.backend.clone(),
-                    output: args.output.clone(),
-                };
-                match store_mode::prepare(*backend, &args.backend, Policy::default()).await {
-                    Ok(target) => {
-                        announce(&target.backend, &target.notes);
-                        report
-                            .store
-                            .push(bench_target(&target, &store_settings(&store_args, seed)).await?);
-                    }
-                    Err(error) => report.unavailable.push(unavailable(backend.name(), &error)),
+    let passed = match args.mode {
+        CompareMode::Full => crate::compare::full(&args, seed, &mut report).await?,
+        CompareMode::Store => {
+            for backend in &args.backends {
+                match compare_store(&args, *backend, seed).await? {
+                    Ok(store) => report.store.push(store),
+                    Err(unavailable) => report.unavailable.push(unavailable),
                 }
             }
-            CompareMode::Http => {
-                let run = HttpRun::for_compare(&args, *backend, seed);
-                match http_mode::run(&run).await {
-                    Ok(http_report) => {
-                        passed &= http_report.audit.passed;
-                        report.http.push(http_report);
-                    }
-                    Err(error @ HttpError::Spawn(_)) => report.unavailable.push(unavailable(backend.name(), &error)),
-                    Err(error) => return Err(error.into()),
-                }
-            }
+            true
         }
-    }
+        CompareMode::Http => {
+            let mut passed = true;
+            for backend in &args.backends {
+                match compare_http(&HttpRun::for_compare(&args, *backend, seed), *backend).await? {
+                    Ok(http) => {
+                        passed &= http.audit.passed;
+                        report.http.push(http);
+                    }
+                    Err(unavailable) => report.unavailable.push(unavailable),
+                }
+            }
+            passed
+        }
+    };
     finish(&mut report, &args.output)?;
     Ok(exit_for_audit(passed))
+}
+
+/// One backend in store mode, as `compare` runs it: `Err` when this machine
+/// cannot start it.
+pub(crate) async fn compare_store(
+    args: &CompareArgs,
+    backend: StoreKind,
+    seed: u64,
+) -> Result<Result<StoreReport, Unavailable>, BenchError> {
+    let store_args = StoreArgs {
+        backends: vec![backend],
+        load: args.load.clone(),
+        saturation: args.saturation.clone(),
+        backend: args.backend.clone(),
+        output: args.output.clone(),
+    };
+    match store_mode::prepare(backend, &args.backend, Policy::default()).await {
+        Ok(target) => {
+            announce(&target.backend, &target.notes);
+            Ok(Ok(bench_target(&target, &store_settings(&store_args, seed)).await?))
+        }
+        Err(error) => Ok(Err(unavailable(backend.name(), &error))),
+    }
+}
+
+/// One http run of `compare`: `Err` when its Label service cannot start here.
+pub(crate) async fn compare_http(
+    run: &HttpRun,
+    backend: StoreKind,
+) -> Result<Result<HttpReport, Unavailable>, BenchError> {
+    match http_mode::run(run).await {
+        Ok(http) => Ok(Ok(http)),
+        Err(error @ HttpError::Spawn(_)) => Ok(Err(unavailable(backend.name(), &error))),
+        Err(error) => Err(error.into()),
+    }
 }
 
 fn unavailable(backend: &str, error: &dyn std::fmt::Display) -> Unavailable {

@@ -11,12 +11,14 @@
 //!   baseline per backend.
 //! - [`http_mode`]: the Fulfilment service against the Label service, and
 //!   the audit of every intent.
+//! - [`compare`]: `compare --mode full`, the published set for every backend in one run, and its table.
 //! - [`output`], [`chart`], [`progress`]: tables, JSON, SVG, progress bar.
 //! - [`targets`]: the performance targets of BENCHMARKS.md, checked against what a run measured.
 
 pub mod chart;
 pub mod cli;
 pub mod commands;
+pub mod compare;
 pub mod engine;
 pub mod http_mode;
 pub mod intent;

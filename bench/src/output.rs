@@ -30,6 +30,19 @@ pub struct Report {
     pub unavailable: Vec<Unavailable>,
     /// The performance targets (BENCHMARKS.md) against what this report measured.
     pub targets: Vec<TargetCheck>,
+    /// The machine's load around each run (`compare --mode full`).
+    #[serde(default)]
+    pub run_loads: Vec<RunLoad>,
+}
+
+/// The machine's 1-minute load average before and after one run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunLoad {
+    pub run: String,
+    /// UTC, ISO 8601.
+    pub started_at: String,
+    pub before_1m: Option<f64>,
+    pub after_1m: Option<f64>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -54,6 +67,7 @@ impl Report {
             http: Vec::new(),
             unavailable: Vec::new(),
             targets: Vec::new(),
+            run_loads: Vec::new(),
         }
     }
 
@@ -122,6 +136,7 @@ impl Report {
             text.push('\n');
             text.push_str(&http.render());
         }
+        text.push_str(&crate::compare::render_summary(self));
         text.push_str(&self.render_targets());
         for unavailable in &self.unavailable {
             text.push_str(&format!(

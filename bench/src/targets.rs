@@ -3,6 +3,7 @@
 //! a busy machine can miss a latency target without anything being wrong.
 
 use crate::http_mode::HttpReport;
+use crate::http_mode::overload::OverloadReport;
 use crate::output::Report;
 use crate::ramp::RampReport;
 use crate::report::RunSummary;
@@ -16,8 +17,15 @@ pub const P99_MS_MAX: f64 = 10.0;
 pub const P999_MS_MAX: f64 = 50.0;
 /// Server resident memory at most this, in MiB.
 pub const SERVER_RSS_MIB_MAX: f64 = 150.0;
-/// Redis store mode: intents per second at least this share of raw pairs.
-pub const REDIS_RATIO_MIN: f64 = 0.75;
+/// Store mode: saturated intents per second at least this share of the raw
+/// baseline's pairs per second in the same run, per backend.
+pub const STORE_RATIO_MIN: [(&str, f64); 3] = [("embedded", 0.75), ("redis", 0.75), ("postgres", 0.80)];
+/// Overload: goodput at least this share of the capacity, per multiple of it.
+pub const OVERLOAD_GOODPUT_SHARE_MIN: [(f64, f64); 2] = [(2.0, 0.90), (3.0, 0.80)];
+/// Overload: p99 of the admitted attempts at most this in every phase, in milliseconds.
+pub const OVERLOAD_ADMITTED_P99_MS_MAX: f64 = 50.0;
+/// Overload: back under the latency objective within this many seconds of its end.
+pub const OVERLOAD_RECOVERY_S_MAX: u64 = 5;
 /// The highest rate with p99 within the SLO the embedded store aims for.
 pub const EMBEDDED_HELD_PER_S_AIM: f64 = 10_000.0;
 
@@ -49,17 +57,22 @@ pub fn evaluate(report: &Report) -> Vec<TargetCheck> {
         if let Some(ramp) = &http.ramp {
             checks.push(ramp_check(&name, ramp, http.store_kind == "embedded"));
         }
+        if let Some(overload) = &http.overload {
+            checks.extend(overload_checks(&name, overload));
+        }
     }
     for store in &report.store {
         let name = format!("store {}", store.backend);
-        if store.backend == "redis"
-            && let Some(ratio) = store.ratio_to_baseline
-        {
+        let minimum = STORE_RATIO_MIN.iter().find(|(backend, _)| *backend == store.backend);
+        if let (Some((_, minimum)), Some(ratio)) = (minimum, store.ratio_to_baseline) {
             checks.push(check(
-                "redis claim+complete pairs/s >= 75% of raw script pairs/s",
+                &format!(
+                    "saturated intents/s >= {:.0}% of the raw baseline's pairs/s",
+                    minimum * 100.0
+                ),
                 &name,
                 format!("{:.0}%", ratio * 100.0),
-                ratio >= REDIS_RATIO_MIN,
+                ratio >= *minimum,
             ));
         }
         if let Some(ramp) = &store.ramp {
@@ -125,6 +138,51 @@ fn http_checks(name: &str, http: &HttpReport) -> Vec<TargetCheck> {
             peak <= SERVER_RSS_MIB_MAX,
         ));
     }
+    checks
+}
+
+fn overload_checks(name: &str, overload: &OverloadReport) -> Vec<TargetCheck> {
+    let run = format!("{name}, overload of {:.0}/s", overload.capacity_per_s);
+    let mut checks = Vec::new();
+    for (multiple, minimum) in OVERLOAD_GOODPUT_SHARE_MIN {
+        if let Some(phase) = overload.phases.iter().find(|phase| phase.multiplier == multiple) {
+            checks.push(check(
+                &format!("goodput at {multiple}x capacity >= {:.0}% of capacity", minimum * 100.0),
+                &run,
+                format!("{:.0}%", phase.goodput_share_of_capacity * 100.0),
+                phase.goodput_share_of_capacity >= minimum,
+            ));
+        }
+    }
+    let worst_p99 = overload
+        .phases
+        .iter()
+        .map(|phase| phase.admitted_p99_ms)
+        .fold(0.0, f64::max);
+    checks.push(check(
+        &format!("p99 of admitted attempts <= {OVERLOAD_ADMITTED_P99_MS_MAX} ms in every phase"),
+        &run,
+        format!("worst {worst_p99:.2} ms"),
+        worst_p99 <= OVERLOAD_ADMITTED_P99_MS_MAX,
+    ));
+    checks.push(check(
+        &format!("back to p99 <= SLO within {OVERLOAD_RECOVERY_S_MAX} s of the end"),
+        &run,
+        match overload.recovery_s {
+            Some(seconds) => format!("{seconds} s"),
+            None => "not within the last phase".to_owned(),
+        },
+        overload
+            .recovery_s
+            .is_some_and(|seconds| seconds <= OVERLOAD_RECOVERY_S_MAX),
+    ));
+    let duplicated: u64 = overload.phases.iter().map(|phase| phase.duplicated).sum();
+    checks.push(check(
+        "0 duplicated intents in every phase",
+        &run,
+        duplicated.to_string(),
+        duplicated == 0,
+    ));
     checks
 }
 
