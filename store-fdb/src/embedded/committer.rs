@@ -40,15 +40,6 @@ pub(super) struct Committer {
     requests: Option<mpsc::Sender<CommitRequest>>,
     thread: Option<std::thread::JoinHandle<()>>,
     pub(super) watermarks: Arc<Watermarks>,
-    /// Held by the thread while it commits a batch, and by each transaction
-    /// while it begins. fjall's `write_tx` takes the mutex its commits hold
-    /// while they write the journal and the memtable, and a commit can wait
-    /// there for tens of milliseconds while fjall's flush worker holds the
-    /// journal (BENCHMARKS.md, "The embedded engine's stalls"): an async
-    /// worker blocked in `write_tx` stalls every request on it. Behind this
-    /// gate a transaction that would wait yields instead, and the worker
-    /// goes on serving other requests.
-    gate: Arc<tokio::sync::Mutex<()>>,
 }
 
 /// Counts of write commits, so a read-only transaction can tell whether
@@ -72,25 +63,16 @@ impl Committer {
     pub(super) fn start(database: OptimisticTxDatabase, durability: Durability) -> std::io::Result<Self> {
         let (requests, queue) = mpsc::channel();
         let watermarks = Arc::new(Watermarks::default());
-        let gate = Arc::new(tokio::sync::Mutex::new(()));
         let mode = durability.persist_mode();
-        let (thread_watermarks, thread_gate) = (watermarks.clone(), gate.clone());
+        let thread_watermarks = watermarks.clone();
         let thread = std::thread::Builder::new()
             .name("idem-embedded-commit".to_owned())
-            .spawn(move || run_committer(&queue, &thread_watermarks, &thread_gate, || database.persist(mode)))?;
+            .spawn(move || run_committer(&queue, &thread_watermarks, || database.persist(mode)))?;
         Ok(Self {
             requests: Some(requests),
             thread: Some(thread),
             watermarks,
-            gate,
         })
-    }
-
-    /// Begins a write transaction on `database` (this committer's), waiting
-    /// asynchronously while the thread commits a batch.
-    pub(super) async fn begin(&self, database: &OptimisticTxDatabase) -> fjall::Result<WriteTransaction> {
-        let _gate = self.gate.lock().await;
-        begin_write(database)
     }
 
     /// Hands a request to the thread and waits for its answer.
@@ -134,7 +116,7 @@ impl Drop for Committer {
 /// A write transaction as the committer expects it: with no durability of
 /// its own, so its commit writes only the journal's buffer in memory and the
 /// batch's persist writes it out.
-fn begin_write(database: &OptimisticTxDatabase) -> fjall::Result<WriteTransaction> {
+pub(super) fn begin_write(database: &OptimisticTxDatabase) -> fjall::Result<WriteTransaction> {
     Ok(database.write_tx()?.durability(None))
 }
 
@@ -149,7 +131,6 @@ pub(super) const COMMIT_BATCH_MAX: usize = 1_024;
 fn run_committer(
     queue: &mpsc::Receiver<CommitRequest>,
     watermarks: &Watermarks,
-    gate: &tokio::sync::Mutex<()>,
     persist: impl Fn() -> Result<(), fjall::Error>,
 ) {
     while let Ok(first) = queue.recv() {
@@ -160,7 +141,6 @@ fn run_committer(
             "a batch holds 1 to {COMMIT_BATCH_MAX} requests"
         );
         let durable_before = watermarks.durable.load(Ordering::SeqCst);
-        let gate_held = gate.blocking_lock();
         let mut answers: Vec<_> = batch
             .into_iter()
             .map(|request| {
@@ -168,7 +148,6 @@ fn run_committer(
                 (request.answer, answer)
             })
             .collect();
-        drop(gate_held);
         let started = watermarks.started.load(Ordering::SeqCst);
         // Only this thread moves the watermarks: what is durable never runs
         // ahead of what was started, nor goes back.
@@ -288,7 +267,7 @@ mod tests {
             database.persist(PersistMode::SyncData)
         };
         // The channel closes when the queue is drained: the thread's loop ends.
-        run_committer(&queue, &watermarks, &Default::default(), sync);
+        run_committer(&queue, &watermarks, sync);
         for mut answered in answers.into_inner().unwrap() {
             assert_eq!(answered.try_recv().unwrap(), Ok(true));
         }
@@ -341,7 +320,7 @@ mod tests {
             syncs_seen.fetch_add(1, Ordering::SeqCst);
             Ok(())
         };
-        run_committer(&queue, &watermarks, &Default::default(), sync);
+        run_committer(&queue, &watermarks, sync);
         for mut answered in answers {
             assert_eq!(answered.try_recv().unwrap(), Ok(true));
         }
@@ -357,7 +336,7 @@ mod tests {
     fn a_failed_sync_leaves_every_commit_of_its_batch_unknown_and_nothing_durable() {
         let (_database, queue, answers) = queued_writes(3);
         let watermarks = Watermarks::default();
-        run_committer(&queue, &watermarks, &Default::default(), || Err(fjall::Error::Poisoned));
+        run_committer(&queue, &watermarks, || Err(fjall::Error::Poisoned));
         for mut answered in answers {
             assert!(answered.try_recv().unwrap().is_err());
         }
@@ -385,24 +364,6 @@ mod tests {
         // A barrier with nothing new to cover runs no sync.
         committer.submit(None).await.unwrap();
         assert_eq!(watermarks.syncs.load(Ordering::SeqCst), 1);
-    }
-
-    #[tokio::test(flavor = "current_thread")]
-    async fn a_transaction_beginning_during_a_batchs_commit_waits_without_blocking_its_thread() {
-        let engine = EmbeddedEngine::open(&EmbeddedConfig::temporary()).unwrap();
-        let database = open_database(&engine);
-        let committer = &database.committer;
-        // As the thread does while it commits a batch.
-        let committing = committer.gate.clone().try_lock_owned().unwrap();
-        let begin = committer.begin(&database.database);
-        tokio::pin!(begin);
-        // One thread runs both: the timer fires only if the begin yields it.
-        tokio::select! {
-            _ = &mut begin => panic!("a transaction began while a batch was being committed"),
-            () = tokio::time::sleep(std::time::Duration::from_millis(20)) => {}
-        }
-        drop(committing);
-        begin.await.expect("the transaction begins once the batch is committed");
     }
 
     #[test]

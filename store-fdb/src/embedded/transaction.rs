@@ -2,6 +2,7 @@
 //! (key, value and transaction sizes, the 5 s age), begun on the open
 //! database and committed through its committer.
 
+use super::committer;
 use super::faults::Fault;
 use super::reopen::OpenDatabase;
 use super::{EmbeddedEngine, io_error};
@@ -18,7 +19,7 @@ use store_core::SharedClock;
 impl EmbeddedEngine {
     pub(super) async fn begin(&self) -> Result<EmbeddedTx, EngineError> {
         let database = self.database().await?;
-        let inner = database.committer.begin(&database.database).await.map_err(io_error)?;
+        let inner = committer::begin_write(&database.database).map_err(io_error)?;
         Ok(EmbeddedTx(Arc::new(TxState {
             inner: Mutex::new(Some(inner)),
             database,
