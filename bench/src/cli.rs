@@ -260,6 +260,11 @@ pub struct CompareArgs {
     /// Full mode: seconds per overload phase.
     #[arg(long, default_value_t = crate::http_mode::cli::PHASE_S_DEFAULT)]
     pub phase_s: u64,
+    /// Full mode: the overload profile's 1x, per second, instead of the
+    /// capacity the ramp finds (which a tight --slo-p99-ms can put far below
+    /// what the machine sustains, so that 3x would overload nothing).
+    #[arg(long)]
+    pub overload_rate: Option<f64>,
     /// Full mode: before each run, wait for the 1-minute load to fall below this.
     #[arg(long, default_value_t = crate::compare::SETTLE_LOAD_DEFAULT)]
     pub settle_load: f64,

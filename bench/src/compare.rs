@@ -125,13 +125,11 @@ fn kept<T>(report: &mut Report, ran: Result<T, Unavailable>, keep: impl FnOnce(&
     }
 }
 
-/// The overload profile's 1x: the ramp's capacity, or its first rate when
-/// not even that held (the table says so).
+/// The overload profile's 1x: `--overload-rate`, else the ramp's capacity,
+/// or its first rate when not even that held (the table says which).
 fn capacity_of(ramp: &HttpReport, args: &CompareArgs) -> f64 {
-    ramp.ramp
-        .as_ref()
-        .and_then(|ramp| ramp.highest_held_per_s)
-        .unwrap_or(args.load.ramp_start)
+    let found = ramp.ramp.as_ref().and_then(|ramp| ramp.highest_held_per_s);
+    args.overload_rate.or(found).unwrap_or(args.load.ramp_start)
 }
 
 /// One http run between two load readings; `None` (the backend reported
@@ -238,7 +236,7 @@ pub fn render_summary(report: &Report) -> String {
         ]);
     }
     format!(
-        "\nthe whole set, one run (compare --mode full):\n{}\noverload phases (1x = the capacity the ramp found, or its first step when none held):\n{}back to p99 <= SLO after the overload: {}\n\nthe machine's 1-minute load around each run:\n{}",
+        "\nthe whole set, one run (compare --mode full):\n{}\noverload phases (1x = --overload-rate, else the capacity the ramp found, else its first step):\n{}back to p99 <= SLO after the overload: {}\n\nthe machine's 1-minute load around each run:\n{}",
         table.render(),
         phases.render(),
         recoveries.join(", "),
