@@ -8,7 +8,7 @@
 //! |---|---|
 //! | [`AFTER_CLAIM`] | the claim (transaction 1) has committed; the handler starts |
 //! | [`AFTER_CARRIER`] | the carrier has sold the label; nothing is recorded yet |
-//! | [`BEFORE_COMMIT`] | inside the completing transaction, the label written, before the commit (Redis: the label committed, the record not yet completed) |
+//! | [`BEFORE_COMMIT`] | inside the completing transaction, the label written, before the commit (Redis: the label committed, the record not yet completed; PostgreSQL: before the one statement that writes both, or inside the transaction when it takes one) |
 //! | [`AFTER_COMMIT`] | the label and the record have committed; the reply is not sent yet |
 //!
 //! They are configured like the `fail` crate's own, from the `FAILPOINTS`
