@@ -1,5 +1,5 @@
 //! What idem's test harnesses and the bench share: free loopback ports,
-//! (feature `tls`) test certificates ([`tls::TestCertificates`]), and
+//! child processes that end with their parent ([`child`]), (feature `tls`) test certificates ([`tls::TestCertificates`]), and
 //! (feature `harness`) server binaries as child processes ([`process`]),
 //! an HTTP client and its replies ([`http`]), and the test callers and
 //! label bodies ([`callers`]).
@@ -16,6 +16,7 @@ use std::net::TcpListener;
 
 #[cfg(feature = "harness")]
 pub mod callers;
+pub mod child;
 #[cfg(feature = "harness")]
 pub mod http;
 #[cfg(feature = "harness")]

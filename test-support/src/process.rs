@@ -3,15 +3,18 @@
 //! its arguments and environment, its output kept (the last
 //! [`LOG_LINES_MAX`] lines) for failure messages, ready once it says where
 //! it listens or once a probe URL answers, and stopped by SIGKILL (a
-//! crash), SIGTERM (a clean stop) or on drop.
+//! crash), SIGTERM (a clean stop) or on drop. It is a [`TiedCommand`]: the
+//! kernel kills it when the process that started it ends, even by SIGKILL
+//! or a panic that skips every drop.
 
+use crate::child::TiedCommand;
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
-use std::process::{ExitStatus, Stdio};
+use std::process::{Child, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
+use tokio::process::{ChildStderr, ChildStdout};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
@@ -25,6 +28,8 @@ pub const LOG_LINES_MAX: usize = 2_000;
 pub const LOG_TAIL_BYTES_MAX: usize = 4_000;
 /// Pause between readiness probes, and between exit checks on drop.
 const POLL_MS: u64 = 50;
+/// Pause between exit checks while waiting for a process to end.
+const EXIT_POLL_MS: u64 = 10;
 /// Longest one readiness probe waits.
 const PROBE_TIMEOUT_MS: u64 = 500;
 /// What the server logs once its listener is bound.
@@ -101,6 +106,8 @@ pub enum ProcessError {
     NotReady { log: String },
     #[error("the process exited while starting ({status}); end of its log:\n{log}")]
     Exited { status: String, log: String },
+    #[error("the process did not exit within {STOP_MS_MAX} ms")]
+    DidNotExit,
     #[error("process I/O: {0}")]
     Io(#[from] std::io::Error),
 }
@@ -119,23 +126,27 @@ pub struct ServerProcess {
 impl ServerProcess {
     /// Starts the process and waits until it is ready.
     pub async fn start(spec: ProcessSpec) -> Result<Self, ProcessError> {
-        let mut command = Command::new(&spec.program);
+        let mut tied = TiedCommand::new(&spec.program);
+        let command = tied.command();
         command
             .args(&spec.args)
             .current_dir(&spec.dir)
             .env_remove("RUST_LOG")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
+            .stderr(Stdio::piped());
         for name in &spec.env_removed {
             command.env_remove(name);
         }
         command.envs(spec.env.iter().map(|(name, value)| (name, value)));
-        let mut child = command.spawn().map_err(|source| ProcessError::Spawn {
+        let mut child = tied.spawn().map_err(|source| ProcessError::Spawn {
             program: spec.program.display().to_string(),
             source,
         })?;
+        // Read on the runtime, as the rest of the harness is async.
+        let streams = output_streams(&mut child);
+        let mut child = KilledOnDrop(Some(child));
+        let (stdout, stderr) = streams?;
         let log = Arc::new(Mutex::new(VecDeque::new()));
         let (url_sender, mut urls) = mpsc::unbounded_channel();
         let (marked_sender, marked_lines) = mpsc::unbounded_channel();
@@ -145,14 +156,12 @@ impl ServerProcess {
             marker: spec.line_marker.clone(),
             marked: marked_sender,
         };
-        let stdout = child.stdout.take().expect("stdout is piped");
-        let stderr = child.stderr.take().expect("stderr is piped");
         let readers = vec![
             tokio::spawn(read_lines(stdout, lines.clone())),
             tokio::spawn(read_lines(stderr, lines)),
         ];
         let mut process = Self {
-            child,
+            child: child.0.take().expect("the child was just spawned"),
             url: String::new(),
             log,
             marked_lines,
@@ -203,7 +212,7 @@ impl ServerProcess {
     }
 
     async fn exited_while_starting(&mut self) -> ProcessError {
-        let status = match self.child.wait().await {
+        let status = match self.wait_for_exit().await {
             Ok(status) => status.to_string(),
             Err(error) => error.to_string(),
         };
@@ -222,8 +231,25 @@ impl ServerProcess {
         }
     }
 
+    /// Its process id; always known, as the handle owns the child until
+    /// it is dropped (no other waiter can collect it and free the id).
     pub fn pid(&self) -> Option<u32> {
-        self.child.id()
+        Some(self.child.id())
+    }
+
+    /// Waits, without blocking the runtime, until the process has exited
+    /// (at most [`STOP_MS_MAX`]).
+    async fn wait_for_exit(&mut self) -> Result<ExitStatus, ProcessError> {
+        let deadline = Instant::now() + Duration::from_millis(STOP_MS_MAX);
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                return Ok(status);
+            }
+            if Instant::now() >= deadline {
+                return Err(ProcessError::DidNotExit);
+            }
+            tokio::time::sleep(Duration::from_millis(EXIT_POLL_MS)).await;
+        }
     }
 
     /// The next line that started with the spec's `line_marker`, without
@@ -237,25 +263,26 @@ impl ServerProcess {
 
     /// SIGKILL: nothing is flushed, nothing runs after it.
     pub async fn kill(mut self) {
-        self.child.kill().await.expect("SIGKILL the process");
+        self.child.kill().expect("SIGKILL the process");
+        self.wait_for_exit().await.expect("the process exits after SIGKILL");
     }
 
     /// SIGTERM, then the exit status and the whole log (a clean stop
     /// flushes the store).
     pub async fn terminate(mut self) -> (ExitStatus, String) {
         self.send_sigterm();
-        let status = tokio::time::timeout(Duration::from_millis(STOP_MS_MAX), self.child.wait())
-            .await
-            .expect("the process stops after SIGTERM")
-            .expect("exit status");
+        let status = self.wait_for_exit().await.expect("the process stops after SIGTERM");
         self.drain_output().await;
         (status, self.log())
     }
 
-    fn send_sigterm(&self) {
-        let Some(pid) = self.child.id() else {
+    /// SIGTERM, unless it has already exited and been waited for (its id
+    /// may then be another process's).
+    fn send_sigterm(&mut self) {
+        if !matches!(self.child.try_wait(), Ok(None)) {
             return;
-        };
+        }
+        let pid = self.child.id();
         let sent = std::process::Command::new("kill")
             .args(["-TERM", &pid.to_string()])
             .status();
@@ -292,18 +319,46 @@ impl ServerProcess {
 
 impl Drop for ServerProcess {
     fn drop(&mut self) {
-        if self.on_drop == OnDrop::Kill || !matches!(self.child.try_wait(), Ok(None)) {
-            return; // kill_on_drop does the rest
+        if !matches!(self.child.try_wait(), Ok(None)) {
+            return; // ended, and now waited for
         }
-        self.send_sigterm();
-        let deadline = Instant::now() + Duration::from_millis(STOP_MS_MAX);
-        while Instant::now() < deadline {
-            if !matches!(self.child.try_wait(), Ok(None)) {
-                return;
+        if self.on_drop == OnDrop::Terminate {
+            self.send_sigterm();
+            let deadline = Instant::now() + Duration::from_millis(STOP_MS_MAX);
+            while Instant::now() < deadline {
+                if !matches!(self.child.try_wait(), Ok(None)) {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(POLL_MS));
             }
-            std::thread::sleep(Duration::from_millis(POLL_MS));
+        }
+        kill_and_wait(&mut self.child);
+    }
+}
+
+/// SIGKILL, then the exit status collected, so no zombie is left.
+fn kill_and_wait(child: &mut Child) {
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// A child not yet handed to a [`ServerProcess`]: killed if starting it
+/// fails half-way.
+struct KilledOnDrop(Option<Child>);
+
+impl Drop for KilledOnDrop {
+    fn drop(&mut self) {
+        if let Some(child) = self.0.as_mut() {
+            kill_and_wait(child);
         }
     }
+}
+
+/// The child's piped stdout and stderr, registered with the runtime.
+fn output_streams(child: &mut Child) -> Result<(ChildStdout, ChildStderr), ProcessError> {
+    let stdout = child.stdout.take().expect("stdout is piped");
+    let stderr = child.stderr.take().expect("stderr is piped");
+    Ok((ChildStdout::from_std(stdout)?, ChildStderr::from_std(stderr)?))
 }
 
 /// One environment variable for a [`ProcessSpec`] or a config override.

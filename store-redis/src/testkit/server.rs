@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 use tempfile::TempDir;
+use test_support::child::TiedCommand;
 use test_support::tls::TestCertificates;
 
 /// Whether a TLS server asks clients for a certificate (`--tls-auth-clients`).
@@ -272,7 +273,11 @@ impl RedisServer {
             Some(tls) => tls.server_args(self.port),
             None => vec!["--port".to_owned(), self.port.to_string()],
         };
-        let child = Command::new(REDIS_SERVER_PROGRAM)
+        // Tied to this process: a killed bench or test binary takes its
+        // redis-server with it (test-support's child module).
+        let mut server = TiedCommand::new(REDIS_SERVER_PROGRAM);
+        server
+            .command()
             .args(&port_args)
             .args(["--bind", "127.0.0.1", "--daemonize", "no"])
             .args(["--save", "", "--appendonly", "no", "--dir", &dir])
@@ -280,12 +285,11 @@ impl RedisServer {
             .args(&self.extra_args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|source| HarnessError::Spawn {
-                program: REDIS_SERVER_PROGRAM,
-                source,
-            })?;
+            .stderr(Stdio::null());
+        let child = server.spawn().map_err(|source| HarnessError::Spawn {
+            program: REDIS_SERVER_PROGRAM,
+            source,
+        })?;
         self.child = Some(child);
         self.wait_until_ready()
     }
