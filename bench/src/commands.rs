@@ -3,12 +3,14 @@
 use crate::cli::{Cli, Command, CompareArgs, CompareMode, OutputArgs, StoreArgs};
 use crate::engine::PlanError;
 use crate::http_mode::{self, HttpError, HttpReport, HttpRun};
+use crate::interrupt;
 use crate::output::{OutputError, Report, Unavailable};
 use crate::store_mode::run::StoreReport;
 use crate::store_mode::run::{StoreRunSettings, bench_target};
 use crate::store_mode::{self, TargetError};
 use server::config::StoreKind;
 use std::process::ExitCode;
+use std::sync::OnceLock;
 use store_core::Policy;
 
 /// Exit status when the benchmark could not run.
@@ -29,19 +31,42 @@ pub enum BenchError {
     Http(#[from] HttpError),
 }
 
+/// Runs one command. A SIGINT or SIGTERM ends it early with a partial
+/// report and the signal's exit status (130 or 143); see [`interrupt`].
 pub async fn run(cli: Cli) -> ExitCode {
+    if let Err(error) = interrupt::listen() {
+        eprintln!("idem-bench: cannot listen for Ctrl-C and SIGTERM: {error}");
+        return ExitCode::from(EXIT_ERROR);
+    }
+    warn_of_leftover_services();
     let result = match cli.command {
         Command::Store(args) => store(args).await,
         Command::Http(args) => http(args).await,
         Command::Compare(args) => compare(args).await,
     };
-    match result {
-        Ok(code) => code,
-        Err(error) => {
+    match (result, interrupt::global().interruption()) {
+        (Ok(_), Some(interruption)) => ExitCode::from(interruption.signal.exit_code()),
+        (Ok(code), None) => code,
+        (Err(error), _) => {
             eprintln!("idem-bench: {error}");
             ExitCode::from(EXIT_ERROR)
         }
     }
+}
+
+/// Services an earlier run spawned and left running share this machine's
+/// cores with the one about to be measured: said before the run starts
+/// and again in the report.
+fn warn_of_leftover_services() {
+    for warning in leftover_service_warnings() {
+        eprintln!("idem-bench: warning: {warning}");
+    }
+}
+
+/// What the machine held when the command started (looked at once).
+fn leftover_service_warnings() -> &'static [String] {
+    static WARNINGS: OnceLock<Vec<String>> = OnceLock::new();
+    WARNINGS.get_or_init(http_mode::spawn::leftover_service_warnings)
 }
 
 fn store_settings(args: &StoreArgs, seed: u64) -> StoreRunSettings {
@@ -57,7 +82,7 @@ async fn store(args: StoreArgs) -> Result<ExitCode, BenchError> {
     let seed = args.load.seed();
     let mut report = Report::new(seed);
     let settings = store_settings(&args, seed);
-    for backend in &args.backends {
+    for backend in args.backends.iter().take_while(|_| !interrupt::requested()) {
         let target = store_mode::prepare(*backend, &args.backend, Policy::default()).await?;
         announce(&target.backend, &target.notes);
         report.store.push(bench_target(&target, &settings).await?);
@@ -93,7 +118,7 @@ async fn compare(args: CompareArgs) -> Result<ExitCode, BenchError> {
     let passed = match args.mode {
         CompareMode::Full => crate::compare::full(&args, seed, &mut report).await?,
         CompareMode::Store => {
-            for backend in &args.backends {
+            for backend in args.backends.iter().take_while(|_| !interrupt::requested()) {
                 match compare_store(&args, *backend, seed).await? {
                     Ok(store) => report.store.push(store),
                     Err(unavailable) => report.unavailable.push(unavailable),
@@ -103,7 +128,7 @@ async fn compare(args: CompareArgs) -> Result<ExitCode, BenchError> {
         }
         CompareMode::Http => {
             let mut passed = true;
-            for backend in &args.backends {
+            for backend in args.backends.iter().take_while(|_| !interrupt::requested()) {
                 match compare_http(&HttpRun::for_compare(&args, *backend, seed), *backend).await? {
                     Ok(http) => {
                         passed &= http.audit.passed;
@@ -166,9 +191,15 @@ fn announce(backend: &str, notes: &[String]) {
     eprintln!("{backend}: {}", notes.join("; "));
 }
 
-/// Prints the tables and writes the JSON report and the chart.
+/// Prints the tables and writes the JSON report and the chart; an
+/// interrupted run's are marked as partial.
 fn finish(report: &mut Report, output: &OutputArgs) -> Result<(), BenchError> {
-    report.check_targets();
+    report.interrupted = interrupt::global().interruption();
+    report.warnings = leftover_service_warnings().to_vec();
+    // A partial run says nothing about the targets.
+    if report.interrupted.is_none() {
+        report.check_targets();
+    }
     println!("{}", report.render_tables());
     if let Some(path) = &output.json {
         report.write_json(path)?;

@@ -14,6 +14,7 @@
 use crate::cli::CompareArgs;
 use crate::commands::{BenchError, compare_http, compare_store};
 use crate::http_mode::{HttpReport, HttpRun};
+use crate::interrupt;
 use crate::output::{Report, RunLoad, Unavailable};
 use crate::report::{Table, ms, rate};
 use crate::store_mode::run::StoreReport;
@@ -46,7 +47,7 @@ pub fn load_1m() -> Option<f64> {
 /// Waits until the load is below `below` or `wait_max` has passed.
 async fn settle(below: f64, wait_max: Duration) {
     let started = Instant::now();
-    while load_1m().is_some_and(|load| load >= below) && started.elapsed() < wait_max {
+    while load_1m().is_some_and(|load| load >= below) && started.elapsed() < wait_max && !interrupt::requested() {
         tokio::time::sleep(Duration::from_millis(SETTLE_POLL_MS)).await;
     }
 }
@@ -74,6 +75,9 @@ fn run_name(kind: &str, backend: StoreKind) -> String {
 pub async fn full(args: &CompareArgs, seed: u64, report: &mut Report) -> Result<bool, BenchError> {
     let mut passed = true;
     for backend in args.backends.iter().copied() {
+        if interrupt::requested() {
+            break;
+        }
         let store = measured(
             report,
             args,
@@ -141,6 +145,10 @@ async fn http_run(
     backend: StoreKind,
     run: HttpRun,
 ) -> Result<Option<HttpReport>, BenchError> {
+    // Interrupted: no new Label service is started for a run that would stop at once.
+    if interrupt::requested() {
+        return Ok(None);
+    }
     let ran = measured(report, args, run_name(kind, backend), compare_http(&run, backend)).await?;
     let mut http = None;
     kept(report, ran, |_, ran| http = Some(ran));

@@ -4,7 +4,12 @@
 //!
 //! The engine knows nothing of stores or HTTP: a [`Workload`] turns an
 //! operation number into a future that reports an [`Outcome`].
+//!
+//! A requested stop ([`crate::interrupt`]) ends a run early: no operation
+//! starts after it, those running get until the interrupt's drain deadline,
+//! and the result's `plan.duration` is the measured time actually run.
 
+use crate::interrupt::{self, INTERRUPT_POLL_MS, Interrupt};
 use crate::progress::LiveProgress;
 use crate::recorder::{Outcome, Recording};
 use crate::schedule::{Arrivals, Schedule, ScheduleError, arrivals_within};
@@ -95,6 +100,8 @@ impl LoadPlan {
 /// What an open-loop run measured.
 #[derive(Debug, Clone)]
 pub struct OpenLoopResult {
+    /// The plan as run: an interrupted run's `duration` is the part of the
+    /// measured window it reached.
     pub plan: LoadPlan,
     pub recording: Recording,
     /// Operations meant to start in the measured window.
@@ -150,8 +157,18 @@ impl Shared {
     }
 }
 
-/// Runs `workload` open-loop as `plan` says and returns what it measured.
+/// Runs `workload` open-loop as `plan` says and returns what it measured;
+/// a stop requested of the process ends it early.
 pub async fn run_open_loop(plan: &LoadPlan, workload: Arc<dyn Workload>) -> Result<OpenLoopResult, PlanError> {
+    run_open_loop_until(plan, workload, interrupt::global()).await
+}
+
+/// [`run_open_loop`], ended early by a stop requested of `interrupt`.
+pub async fn run_open_loop_until(
+    plan: &LoadPlan,
+    workload: Arc<dyn Workload>,
+    interrupt: &'static Interrupt,
+) -> Result<OpenLoopResult, PlanError> {
     plan.validate()?;
     let start = Instant::now() + Duration::from_millis(START_DELAY_MS);
     let measured_start = start + plan.warmup;
@@ -167,6 +184,7 @@ pub async fn run_open_loop(plan: &LoadPlan, workload: Arc<dyn Workload>) -> Resu
         handle: Handle::current(),
         start,
         deadline,
+        interrupt,
     };
     let slots = dispatcher.slots.clone();
     let dispatched = tokio::task::spawn_blocking(move || dispatcher.run())
@@ -175,12 +193,20 @@ pub async fn run_open_loop(plan: &LoadPlan, workload: Arc<dyn Workload>) -> Resu
     // Every operation holds one slot until it ends: all slots back means all
     // operations are done.
     let all = u32::try_from(plan.inflight_max).unwrap_or(u32::MAX);
-    let _ = tokio::time::timeout_at(deadline.into(), slots.acquire_many(all)).await;
+    let drained = interrupt.until_drained(slots.acquire_many(all));
+    let _ = tokio::time::timeout_at(deadline.into(), drained).await;
     let unfinished = close_and_record_unfinished(&shared);
     progress.finish();
     let recording = shared.recording().clone();
+    let duration = match dispatched.stopped_at {
+        Some(stopped_at) => measured_until(measured_start, stopped_at).min(plan.duration),
+        None => plan.duration,
+    };
     Ok(OpenLoopResult {
-        plan: plan.clone(),
+        plan: LoadPlan {
+            duration,
+            ..plan.clone()
+        },
         recording,
         intended: dispatched.intended,
         started_late: dispatched.started_late,
@@ -207,11 +233,22 @@ fn close_and_record_unfinished(shared: &Shared) -> u64 {
     unfinished
 }
 
+/// The measured time from `measured_start` to an early stop; at least a
+/// millisecond, so that rates over it stay finite.
+fn measured_until(measured_start: Instant, stopped_at: Instant) -> Duration {
+    const MEASURED_MS_MIN: u64 = 1;
+    stopped_at
+        .saturating_duration_since(measured_start)
+        .max(Duration::from_millis(MEASURED_MS_MIN))
+}
+
 #[derive(Debug, Default)]
 struct Dispatched {
     intended: u64,
     started_late: u64,
     not_sent: u64,
+    /// When a requested stop ended the schedule early.
+    stopped_at: Option<Instant>,
 }
 
 /// Starts operations at their intended times, from a thread of its own:
@@ -226,6 +263,7 @@ struct Dispatcher {
     handle: Handle,
     start: Instant,
     deadline: Instant,
+    interrupt: &'static Interrupt,
 }
 
 impl Dispatcher {
@@ -237,12 +275,12 @@ impl Dispatcher {
         };
         for arrival in arrivals_within(schedule, self.plan.warmup + self.plan.duration) {
             let intended = self.start + arrival.offset;
+            if !self.sleep_until(intended) {
+                dispatched.stopped_at = Some(Instant::now());
+                break;
+            }
             let measured = intended >= measured_start;
             dispatched.intended += u64::from(measured);
-            let now = Instant::now();
-            if intended > now {
-                std::thread::sleep(intended - now);
-            }
             let Some((permit, waited)) = self.take_slot() else {
                 self.record_not_sent(intended);
                 dispatched.not_sent += u64::from(measured);
@@ -254,8 +292,24 @@ impl Dispatcher {
         dispatched
     }
 
-    /// A free in-flight slot, waiting for one until the deadline if all are
-    /// taken. Returns the permit and whether it had to wait.
+    /// Sleeps until `intended`, looking at the interrupt every
+    /// [`INTERRUPT_POLL_MS`]; false when a stop was requested.
+    fn sleep_until(&self, intended: Instant) -> bool {
+        loop {
+            if self.interrupt.is_requested() {
+                return false;
+            }
+            let now = Instant::now();
+            if intended <= now {
+                return true;
+            }
+            std::thread::sleep((intended - now).min(Duration::from_millis(INTERRUPT_POLL_MS)));
+        }
+    }
+
+    /// A free in-flight slot, waiting for one until the deadline (or a
+    /// requested stop) if all are taken. Returns the permit and whether it
+    /// had to wait.
     fn take_slot(&self) -> Option<(tokio::sync::OwnedSemaphorePermit, bool)> {
         if let Ok(permit) = self.slots.clone().try_acquire_owned() {
             return Some((permit, false));
@@ -263,11 +317,14 @@ impl Dispatcher {
         if Instant::now() >= self.deadline {
             return None;
         }
-        let wait = tokio::time::timeout_at(self.deadline.into(), self.slots.clone().acquire_owned());
-        match self.handle.block_on(wait) {
-            Ok(Ok(permit)) => Some((permit, true)),
-            _ => None,
-        }
+        let acquire = self.slots.clone().acquire_owned();
+        let wait = tokio::time::timeout_at(self.deadline.into(), async {
+            tokio::select! {
+                permit = acquire => permit.ok(),
+                () = self.interrupt.requested() => None,
+            }
+        });
+        self.handle.block_on(wait).ok().flatten().map(|permit| (permit, true))
     }
 
     fn record_not_sent(&self, intended: Instant) {
@@ -315,11 +372,24 @@ pub struct SaturationPlan {
 /// actual start.
 #[derive(Debug, Clone)]
 pub struct SaturationResult {
+    /// The plan as run: an interrupted run's `duration` is the part of the
+    /// measured window it reached.
     pub plan: SaturationPlan,
     pub recording: Recording,
 }
 
+/// Runs `workload` closed-loop as `plan` says; a stop requested of the
+/// process ends it early (each worker finishes the operation it is in).
 pub async fn run_saturation(plan: &SaturationPlan, workload: Arc<dyn Workload>) -> Result<SaturationResult, PlanError> {
+    run_saturation_until(plan, workload, interrupt::global()).await
+}
+
+/// [`run_saturation`], ended early by a stop requested of `interrupt`.
+pub async fn run_saturation_until(
+    plan: &SaturationPlan,
+    workload: Arc<dyn Workload>,
+    interrupt: &'static Interrupt,
+) -> Result<SaturationResult, PlanError> {
     if !(1..=CONCURRENCY_MAX).contains(&plan.concurrency) {
         return Err(PlanError::Concurrency(plan.concurrency));
     }
@@ -339,6 +409,7 @@ pub async fn run_saturation(plan: &SaturationPlan, workload: Arc<dyn Workload>) 
                 shared.clone(),
                 next_index.clone(),
                 end,
+                interrupt,
             ))
         })
         .collect();
@@ -347,14 +418,27 @@ pub async fn run_saturation(plan: &SaturationPlan, workload: Arc<dyn Workload>) 
     }
     progress.finish();
     let recording = shared.recording().clone();
+    let duration = match interrupt.interruption() {
+        Some(_) => measured_until(measured_start, Instant::now()).min(plan.duration),
+        None => plan.duration,
+    };
     Ok(SaturationResult {
-        plan: plan.clone(),
+        plan: SaturationPlan {
+            duration,
+            ..plan.clone()
+        },
         recording,
     })
 }
 
-async fn saturation_worker(workload: Arc<dyn Workload>, shared: Arc<Shared>, next_index: Arc<AtomicU64>, end: Instant) {
-    while Instant::now() < end {
+async fn saturation_worker(
+    workload: Arc<dyn Workload>,
+    shared: Arc<Shared>,
+    next_index: Arc<AtomicU64>,
+    end: Instant,
+    interrupt: &'static Interrupt,
+) {
+    while Instant::now() < end && !interrupt.is_requested() {
         let index = next_index.fetch_add(1, Ordering::Relaxed);
         let started = Instant::now();
         shared.started.fetch_add(1, Ordering::Relaxed);
@@ -455,6 +539,40 @@ mod tests {
         assert_eq!(result.unfinished, 1);
         assert_eq!(result.recording.outcomes.get("unfinished"), Some(&1));
         assert_eq!(result.recording.completed(), 20);
+    }
+
+    /// A stop requested a moment into a minute-long run: nothing starts
+    /// after it, the operation stuck in flight is given up on at the drain
+    /// deadline (recorded as unfinished), and the result's duration is the
+    /// time actually run.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_requested_stop_ends_the_run_and_bounds_the_wait_for_operations_in_flight() {
+        let interrupt: &'static Interrupt = Box::leak(Box::new(Interrupt::with_drain(Duration::from_millis(100))));
+        let workload = Arc::new(Sleeper {
+            normal: Duration::from_millis(1),
+            stalled: 2,
+            stall: Duration::from_secs(600),
+        });
+        let mut plan = plan(20.0, 100);
+        plan.duration = Duration::from_secs(60);
+        plan.drain = Duration::from_secs(60);
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            interrupt.request(crate::interrupt::InterruptSignal::Interrupt);
+        });
+        let run = run_open_loop_until(&plan, workload, interrupt);
+        let result = tokio::time::timeout(Duration::from_secs(30), run)
+            .await
+            .expect("the run ends soon after the stop")
+            .unwrap();
+        assert!(
+            result.plan.duration < Duration::from_secs(30),
+            "{:?}",
+            result.plan.duration
+        );
+        assert!(result.intended < 600, "{} of 1,200 started", result.intended);
+        assert_eq!(result.unfinished, 1);
+        assert_eq!(result.recording.completed(), result.intended);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

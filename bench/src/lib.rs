@@ -12,6 +12,7 @@
 //! - [`http_mode`]: the Fulfilment service against the Label service, and
 //!   the audit of every intent.
 //! - [`compare`]: `compare --mode full`, the published set for every backend in one run, and its table.
+//! - [`interrupt`]: Ctrl-C and SIGTERM end a run early with a partial report.
 //! - [`output`], [`chart`], [`progress`]: tables, JSON, SVG, progress bar.
 //! - [`targets`]: the performance targets of BENCHMARKS.md, checked against what a run measured.
 
@@ -22,6 +23,7 @@ pub mod compare;
 pub mod engine;
 pub mod http_mode;
 pub mod intent;
+pub mod interrupt;
 pub mod machine;
 pub mod output;
 pub mod progress;

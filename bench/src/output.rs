@@ -3,6 +3,7 @@
 
 use crate::chart;
 use crate::http_mode::HttpReport;
+use crate::interrupt::Interruption;
 use crate::machine::Machine;
 use crate::ramp::RampReport;
 use crate::report::{RUN_HEADERS, RunSummary, Table, ms, rate, run_row};
@@ -33,6 +34,14 @@ pub struct Report {
     /// The machine's load around each run (`compare --mode full`).
     #[serde(default)]
     pub run_loads: Vec<RunLoad>,
+    /// Set when a SIGINT or SIGTERM ended the command early: every figure
+    /// is then of the part that ran.
+    #[serde(default)]
+    pub interrupted: Option<Interruption>,
+    /// What made this run's figures doubtful, found before it started
+    /// (services an earlier run left running).
+    #[serde(default)]
+    pub warnings: Vec<String>,
 }
 
 /// The machine's 1-minute load average before and after one run.
@@ -68,6 +77,8 @@ impl Report {
             unavailable: Vec::new(),
             targets: Vec::new(),
             run_loads: Vec::new(),
+            interrupted: None,
+            warnings: Vec::new(),
         }
     }
 
@@ -113,7 +124,15 @@ impl Report {
 
     /// The final tables, side by side for every backend.
     pub fn render_tables(&self) -> String {
-        let mut text = format!("machine: {}\nseed: {}\n\n", self.machine.describe(), self.seed);
+        let mut text = self.render_interruption();
+        for warning in &self.warnings {
+            text.push_str(&format!("WARNING: {warning}\n"));
+        }
+        text.push_str(&format!(
+            "machine: {}\nseed: {}\n\n",
+            self.machine.describe(),
+            self.seed
+        ));
         let mut runs = Table::new(&RUN_HEADERS);
         for store in &self.store {
             if let Some(open_loop) = &store.open_loop {
@@ -144,7 +163,25 @@ impl Report {
                 unavailable.backend, unavailable.reason
             ));
         }
+        // Again at the end, where a reader of the terminal looks first.
+        if self.interrupted.is_some() {
+            text.push('\n');
+            text.push_str(&self.render_interruption());
+        }
         text
+    }
+
+    /// The first line of an interrupted run's report, and the last.
+    fn render_interruption(&self) -> String {
+        let Some(interrupted) = &self.interrupted else {
+            return String::new();
+        };
+        format!(
+            "INTERRUPTED by {} after {:.1} s: a partial report. The load stopped early, requests still in flight after {} ms were given up (unfinished, or their intents lost), every process this run started was stopped, and the targets were not checked.\n",
+            interrupted.signal.name(),
+            interrupted.after_s,
+            interrupted.drain_ms_max
+        )
     }
 
     fn render_targets(&self) -> String {

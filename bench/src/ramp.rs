@@ -3,6 +3,7 @@
 //! bisect between the last step that held and the first that did not.
 
 use crate::engine::{LoadPlan, PlanError, Workload, run_open_loop};
+use crate::interrupt;
 use crate::report::RunSummary;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
@@ -96,11 +97,14 @@ pub async fn run_ramp(
     };
     for rate in step_rates(settings) {
         let held = run_step(&mut report, settings, base, workload.clone(), rate).await?;
-        if !held {
+        if !held || interrupt::requested() {
             break;
         }
     }
     for _ in 0..settings.refine_steps {
+        if interrupt::requested() {
+            break;
+        }
         let (Some(low), Some(high)) = (report.highest_held_per_s, report.lowest_failed_per_s) else {
             break;
         };
@@ -128,7 +132,7 @@ async fn run_step(
         ..base.clone()
     };
     let result = run_open_loop(&plan, workload.clone()).await?;
-    workload.settle().await;
+    interrupt::global().until_drained(workload.settle()).await;
     let summary = RunSummary::of_open_loop(&result);
     let reasons = judge(&summary, settings.slo_p99_ms);
     let held = reasons.is_empty();

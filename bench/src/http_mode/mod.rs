@@ -12,6 +12,7 @@ pub mod spawn;
 use crate::cli::CompareArgs;
 use crate::engine::{LoadPlan, PlanError, run_open_loop};
 use crate::intent::RunIds;
+use crate::interrupt;
 use crate::ramp::{RampReport, RampSettings, run_ramp};
 use crate::report::{RunSummary, Table};
 use audit::{AnswerCounts, AuditInput, AuditReport, audit};
@@ -323,7 +324,9 @@ async fn start(run: &HttpRun) -> Result<Server, HttpError> {
 }
 
 /// Runs the load, waits for every copy of every intent and for the server
-/// to go idle, then audits.
+/// to go idle, then audits. Interrupted, the load stops early and both
+/// waits end at the interrupt's drain deadline; a spawned server is
+/// stopped when this returns, as on any other run.
 pub async fn run(run: &HttpRun) -> Result<HttpReport, HttpError> {
     let server = start(run).await?;
     let admin = reqwest::Client::builder()
@@ -353,7 +356,8 @@ pub async fn run(run: &HttpRun) -> Result<HttpReport, HttpError> {
         (None, None) => report.open_loop = Some(RunSummary::of_open_loop(&run_open_loop(&plan, client.clone()).await?)),
     }
     let limit = client.settings().copy_time_max();
-    if !client.log.wait_all_done(limit).await {
+    let copies_done = interrupt::global().until_drained(client.log.wait_all_done(limit));
+    if !copies_done.await.unwrap_or(false) {
         report.notes.push(format!(
             "{} copies still running {} s after the load; their intents count as lost",
             client.log.copies_running(),
@@ -363,7 +367,9 @@ pub async fn run(run: &HttpRun) -> Result<HttpReport, HttpError> {
     report.server_max_sampled_rss_mib = rss.stop();
     report.cpu = cpu.finish(client.log.len());
     for base_url in &server.base_urls {
-        wait_for_server_idle(&admin, base_url).await;
+        interrupt::global()
+            .until_drained(wait_for_server_idle(&admin, base_url))
+            .await;
     }
     report.attempts = client.counts.snapshot();
     report.retries_refused_by_quota = client.quota.refused();

@@ -10,6 +10,7 @@
 
 use super::client::{FulfilmentClient, IntentEntry, TimelineSecond};
 use crate::engine::{LoadPlan, PlanError, run_open_loop};
+use crate::interrupt;
 use crate::report::{Table, ms, rate};
 use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
@@ -85,8 +86,12 @@ pub async fn run_overload(
             label: format!("{} overload {multiplier}x", plan.label),
             ..plan.clone()
         };
+        if number > 0 && interrupt::requested() {
+            break;
+        }
         let started = Instant::now() + phase_plan.warmup;
-        run_open_loop(&phase_plan, client.clone()).await?;
+        // An interrupted phase ran for less than `phase`: its plan says how long.
+        let ran = run_open_loop(&phase_plan, client.clone()).await?.plan.duration;
         spans.push(PhaseSpan {
             multiplier,
             index_base: phase_plan.index_base,
@@ -94,10 +99,11 @@ pub async fn run_overload(
             end_second: client.timeline.second_of(Instant::now()),
             // The first phase's intents include its warm-up's: goodput is
             // over the time they were offered in.
-            duration: phase + phase_plan.warmup,
+            duration: ran + phase_plan.warmup,
         });
     }
-    client.log.wait_all_done(client.settings().copy_time_max()).await;
+    let copies_done = client.log.wait_all_done(client.settings().copy_time_max());
+    interrupt::global().until_drained(copies_done).await;
     let timeline = client.timeline.snapshot();
     let intents = client.log.snapshot();
     let phases = spans

@@ -1,6 +1,12 @@
 //! A Label service (plus its in-process carrier simulator) spawned for one
 //! run: a config file in a temporary directory, a free loopback port, the
 //! backend's own server when the store kind needs one, and a kill on drop.
+//! Each process is tied to the bench (test-support's process harness): the
+//! kernel kills it if the bench dies without stopping it.
+//!
+//! The temporary directory's name, [`SPAWN_DIRECTORY_PREFIX`], is in every
+//! spawned process's command line (`--config DIR/server-0.toml`): it is how
+//! a later run finds services an earlier one left behind.
 
 use crate::cli::{BackendArgs, DurabilityArg};
 use crate::store_mode::KeepAlive;
@@ -15,6 +21,12 @@ pub const SERVER_BINARY: &str = "server";
 pub const SERVER_BINARY_VARIABLE: &str = "IDEM_SERVER_BIN";
 /// Bytes of the server's log shown when it fails.
 const LOG_TAIL_BYTES_MAX: usize = test_support::process::LOG_TAIL_BYTES_MAX;
+/// The start of the name of every spawned service's temporary directory.
+pub const SPAWN_DIRECTORY_PREFIX: &str = "idem-bench-server-";
+/// Leftover services named one by one in the warning; the rest are counted.
+const LEFTOVER_SERVICES_SHOWN_MAX: usize = 5;
+/// Bytes of a leftover service's command line shown.
+const LEFTOVER_COMMAND_BYTES_MAX: usize = 200;
 #[derive(Debug, thiserror::Error)]
 pub enum SpawnError {
     #[error(
@@ -162,7 +174,7 @@ pub fn free_port() -> Result<u16, SpawnError> {
 /// it, and waits until both answer.
 pub async fn spawn(settings: &SpawnSettings) -> Result<SpawnedServer, SpawnError> {
     let binary = find_server_binary(settings.server_bin.as_deref())?;
-    let dir = tempfile::Builder::new().prefix("idem-bench-server-").tempdir()?;
+    let dir = tempfile::Builder::new().prefix(SPAWN_DIRECTORY_PREFIX).tempdir()?;
     let (store_section, backend, mut notes) = store_config(settings, dir.path()).await?;
     let carrier_port = free_port()?;
     let carrier_url = format!("http://127.0.0.1:{carrier_port}");
@@ -214,6 +226,85 @@ pub async fn spawn(settings: &SpawnSettings) -> Result<SpawnedServer, SpawnError
         _backend: backend,
         _dir: dir,
     })
+}
+
+/// A process on this machine that a bench run spawned (its config is in a
+/// [`SPAWN_DIRECTORY_PREFIX`] directory), found through `/proc`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeftoverService {
+    pub pid: u32,
+    pub command_line: String,
+}
+
+/// Every process, other than this one, whose command line names a config
+/// file in a bench's spawn directory. Processes that end while being read
+/// are skipped.
+pub fn leftover_services() -> Vec<LeftoverService> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let own = std::process::id();
+    let mut found: Vec<LeftoverService> = entries
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| *pid != own)
+        .filter_map(|pid| {
+            let raw = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+            let arguments: Vec<String> = raw
+                .split(|byte| *byte == 0)
+                .map(|argument| String::from_utf8_lossy(argument).into_owned())
+                .collect();
+            is_spawned_service(&arguments).then(|| LeftoverService {
+                pid,
+                command_line: arguments.join(" ").trim_end().to_owned(),
+            })
+        })
+        .collect();
+    found.sort_by_key(|service| service.pid);
+    found
+}
+
+/// `--config PATH` with PATH in a spawn directory.
+fn is_spawned_service(arguments: &[String]) -> bool {
+    let marker = format!("/{SPAWN_DIRECTORY_PREFIX}");
+    arguments
+        .windows(2)
+        .any(|pair| pair[0] == "--config" && pair[1].contains(&marker))
+}
+
+/// One warning when services an earlier run spawned still run: their CPU
+/// and memory would be taken from the run about to be measured.
+pub fn leftover_service_warnings() -> Vec<String> {
+    let services = leftover_services();
+    if services.is_empty() {
+        return Vec::new();
+    }
+    let shown: Vec<String> = services
+        .iter()
+        .take(LEFTOVER_SERVICES_SHOWN_MAX)
+        .map(|service| {
+            let mut command = service.command_line.clone();
+            if command.len() > LEFTOVER_COMMAND_BYTES_MAX {
+                let end = (0..=LEFTOVER_COMMAND_BYTES_MAX)
+                    .rev()
+                    .find(|at| command.is_char_boundary(*at))
+                    .unwrap_or(0);
+                command.truncate(end);
+                command.push_str("...");
+            }
+            format!("pid {}: {command}", service.pid)
+        })
+        .collect();
+    let more = services.len().saturating_sub(LEFTOVER_SERVICES_SHOWN_MAX);
+    let more = if more > 0 {
+        format!(" and {more} more")
+    } else {
+        String::new()
+    };
+    vec![format!(
+        "{} process(es) an earlier idem-bench run spawned still run on this machine ({}{more}); they take CPU and memory from this run, so its figures would be wrong: stop them first (kill PID)",
+        services.len(),
+        shown.join("; ")
+    )]
 }
 
 fn simulator_config(settings: &SpawnSettings) -> String {
@@ -357,6 +448,25 @@ fn foundationdb_config(_: &BackendArgs) -> Result<(String, BackendGuards, Vec<St
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn arguments(line: &str) -> Vec<String> {
+        line.split(' ').map(str::to_owned).collect()
+    }
+
+    #[test]
+    fn a_spawned_service_is_known_by_its_config_directory() {
+        let service = arguments("/x/server --config /tmp/idem-bench-server-Ab12/server-0.toml");
+        let carrier =
+            arguments("server --config /var/tmp/idem-bench-server-Zz/carrier.toml carrier --listen 127.0.0.1:20001");
+        assert!(is_spawned_service(&service));
+        assert!(is_spawned_service(&carrier));
+        // Not the bench itself, nor a service an operator started.
+        assert!(!is_spawned_service(&arguments("idem-bench http --rate 100")));
+        assert!(!is_spawned_service(&arguments("server --config /etc/idem/server.toml")));
+        assert!(!is_spawned_service(&arguments(
+            "vi /tmp/idem-bench-server-Ab12/server-0.toml"
+        )));
+    }
 
     #[test]
     fn a_relative_server_binary_is_made_absolute() {

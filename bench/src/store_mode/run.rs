@@ -4,6 +4,7 @@
 
 use super::{ReferenceRate, StoreTarget};
 use crate::engine::{LoadPlan, PlanError, SaturationPlan, SaturationResult, run_open_loop, run_saturation};
+use crate::interrupt;
 use crate::ramp::{RampReport, RampSettings, run_ramp};
 use crate::report::RunSummary;
 use serde::{Deserialize, Serialize};
@@ -81,7 +82,7 @@ pub async fn bench_target(target: &StoreTarget, settings: &StoreRunSettings) -> 
             report.open_loop = Some(RunSummary::of_open_loop(&result));
         }
     }
-    if let Some(saturation) = &settings.saturation {
+    if let Some(saturation) = settings.saturation.as_ref().filter(|_| !interrupt::requested()) {
         saturate(target, settings, saturation, &mut report).await?;
     }
     Ok(report)
@@ -116,6 +117,9 @@ async fn saturate(
             let result = run_saturation(&plan("baseline", 2), baseline.workload.clone()).await?;
             absorb(&mut raw, result);
         }
+        if interrupt::requested() {
+            break;
+        }
     }
     let intents = intents.map(|result| RunSummary::of_saturation(&result));
     if let (Some(baseline), Some(raw)) = (baseline, raw) {
@@ -133,6 +137,7 @@ async fn saturate(
     }
     report.saturation = intents;
     if settings.baseline
+        && !interrupt::requested()
         && let Some(references) = &target.references
     {
         let seconds = saturation.duration.as_secs().max(1);

@@ -1,0 +1,239 @@
+//! `idem-bench http` with a spawned Label service and carrier simulator
+//! (the `server` binary built beside this test's), stopped from outside as
+//! a person or a CI runner would: a Ctrl-C (SIGINT) must stop the load,
+//! stop both processes, remove their directory, and leave a partial report
+//! that says so; a SIGKILL, which the bench cannot answer, must still take
+//! both processes with it. A low rate, the embedded store; no figure is
+//! asserted.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+use tokio::process::{Child, Command};
+
+/// The bench's spawn directory, in its children's command lines.
+const SPAWN_MARKER: &str = "/idem-bench-server-";
+/// Longest wait for the bench to start its service and carrier simulator.
+const CHILDREN_WAIT_MS_MAX: u64 = 60_000;
+/// Longest wait for the load to reach the service.
+const LOAD_WAIT_MS_MAX: u64 = 30_000;
+/// Longest wait for the bench to exit after a signal (its drain is 5 s).
+const EXIT_WAIT_MS_MAX: u64 = 60_000;
+/// Longest wait for the kernel to end the children of a killed bench.
+const ORPHAN_WAIT_MS_MAX: u64 = 10_000;
+/// Pause between looks at /proc.
+const POLL_MS: u64 = 50;
+/// The run's planned length: far longer than the test lets it run.
+const PLANNED_DURATION_S: u64 = 60;
+/// Intents per second: low, so the run stays light on a shared machine.
+const RATE_PER_S: u64 = 20;
+
+/// A bench run that will not end by itself within the test, killed if the
+/// test fails before it does.
+fn start_bench(json: &Path) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_idem-bench"))
+        .args(["http", "--store-kind", "embedded", "--warmup-s", "0", "--seed", "5"])
+        .args(["--rate", &RATE_PER_S.to_string()])
+        .args(["--duration-s", &PLANNED_DURATION_S.to_string()])
+        .arg("--quiet")
+        .arg("--json")
+        .arg(json)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("idem-bench starts")
+}
+
+/// A running process's command line (arguments joined by spaces), or
+/// `None` when it has ended: gone, or a zombie whose parent has not
+/// collected its exit status yet.
+fn command_line_if_running(pid: u32) -> Option<String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let state = stat.rsplit(')').next()?.split_whitespace().next()?;
+    if state == "Z" || state == "X" {
+        return None;
+    }
+    let raw = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    Some(String::from_utf8_lossy(&raw).replace('\0', " "))
+}
+
+fn parent_of(pid: u32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("PPid:")?.trim().parse().ok())
+}
+
+/// The processes `bench` spawned from its spawn directory, with their
+/// command lines.
+fn spawned_children(bench: u32) -> Vec<(u32, String)> {
+    let entries = std::fs::read_dir("/proc").expect("/proc");
+    entries
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| parent_of(*pid) == Some(bench))
+        .filter_map(|pid| Some((pid, command_line_if_running(pid)?)))
+        .filter(|(_, command)| command.contains(SPAWN_MARKER))
+        .collect()
+}
+
+/// Waits until the bench runs both its service and its carrier simulator.
+async fn wait_for_children(bench: &mut Child) -> Vec<(u32, String)> {
+    let pid = bench.id().expect("the bench runs");
+    let deadline = Instant::now() + Duration::from_millis(CHILDREN_WAIT_MS_MAX);
+    loop {
+        let children = spawned_children(pid);
+        let carrier = children.iter().any(|(_, command)| command.contains(" carrier "));
+        if children.len() == 2 && carrier {
+            return children;
+        }
+        if let Ok(Some(status)) = bench.try_wait() {
+            let output = printed(bench).await;
+            panic!("idem-bench exited ({status}) before spawning its service:\n{output}");
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no service and carrier after {CHILDREN_WAIT_MS_MAX} ms: {children:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(POLL_MS)).await;
+    }
+}
+
+/// What an exited bench printed, for a failure message.
+async fn printed(bench: &mut Child) -> String {
+    use tokio::io::AsyncReadExt;
+    let mut text = String::new();
+    if let Some(stdout) = bench.stdout.as_mut() {
+        let _ = stdout.read_to_string(&mut text).await;
+    }
+    if let Some(stderr) = bench.stderr.as_mut() {
+        let _ = stderr.read_to_string(&mut text).await;
+    }
+    text
+}
+
+/// The service's `http://127.0.0.1:PORT`, from the config file its
+/// command line names (`--config DIR/server-0.toml`).
+fn service_url(children: &[(u32, String)]) -> (String, PathBuf) {
+    let (_, command) = children
+        .iter()
+        .find(|(_, command)| !command.contains(" carrier "))
+        .expect("the service");
+    let config = command
+        .split_whitespace()
+        .skip_while(|argument| *argument != "--config")
+        .nth(1)
+        .expect("--config PATH");
+    let config = PathBuf::from(config);
+    let text = std::fs::read_to_string(&config).expect("the service's config");
+    let listen = text
+        .lines()
+        .find_map(|line| line.strip_prefix("listen = "))
+        .expect("listen = in [server]")
+        .trim_matches('"');
+    (format!("http://{listen}"), config)
+}
+
+/// Waits until the service has answered at least one label request.
+async fn wait_for_load(url: &str) {
+    let client = reqwest::Client::new();
+    let deadline = Instant::now() + Duration::from_millis(LOAD_WAIT_MS_MAX);
+    while Instant::now() < deadline {
+        if let Ok(response) = client.get(format!("{url}/metrics")).send().await
+            && let Ok(text) = response.text().await
+            && bench::http_mode::metrics::label_answers(&text).first_runs > 0
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(POLL_MS)).await;
+    }
+    panic!("no label request reached {url} within {LOAD_WAIT_MS_MAX} ms");
+}
+
+fn signal(pid: u32, name: &str) {
+    let status = std::process::Command::new("kill")
+        .args([name, &pid.to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(status.success(), "kill {name} {pid}");
+}
+
+/// Waits until none of `children` runs any more; the ones still running
+/// after `wait_ms_max`.
+async fn still_running_after(children: &[(u32, String)], wait_ms_max: u64) -> Vec<(u32, String)> {
+    let deadline = Instant::now() + Duration::from_millis(wait_ms_max);
+    loop {
+        let running: Vec<(u32, String)> = children
+            .iter()
+            .filter_map(|(pid, _)| Some((*pid, command_line_if_running(*pid)?)))
+            .filter(|(_, command)| command.contains(SPAWN_MARKER))
+            .collect();
+        if running.is_empty() || Instant::now() >= deadline {
+            return running;
+        }
+        tokio::time::sleep(Duration::from_millis(POLL_MS)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ctrl_c_stops_the_load_and_every_spawned_process_and_writes_a_partial_report() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("interrupted.json");
+    let mut bench = start_bench(&json);
+    let children = wait_for_children(&mut bench).await;
+    let (url, config) = service_url(&children);
+    wait_for_load(&url).await;
+    signal(bench.id().unwrap(), "-INT");
+    let output = tokio::time::timeout(Duration::from_millis(EXIT_WAIT_MS_MAX), bench.wait_with_output())
+        .await
+        .expect("idem-bench exits after one Ctrl-C")
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(130), "{stdout}\n{stderr}");
+    assert!(stdout.contains("INTERRUPTED by SIGINT"), "{stdout}");
+    assert!(stderr.contains("SIGINT: stopping the load"), "{stderr}");
+    // Stopped by the bench itself, before it exited: nothing is left.
+    assert_eq!(still_running_after(&children, 0).await, Vec::new(), "{children:?}");
+    let spawn_dir = config.parent().unwrap();
+    assert!(!spawn_dir.exists(), "{} was left behind", spawn_dir.display());
+    let report = common::read_report(&json);
+    assert_eq!(report["interrupted"]["signal"], "SIGINT", "{}", report["interrupted"]);
+    let open_loop = &report["http"][0]["open_loop"];
+    let intended = open_loop["intended"].as_u64().unwrap();
+    assert!(intended > 0, "{open_loop}");
+    assert!(
+        intended < PLANNED_DURATION_S * RATE_PER_S,
+        "the load went on: {open_loop}"
+    );
+    assert!(open_loop["duration_s"].as_f64().unwrap() < PLANNED_DURATION_S as f64);
+    assert_eq!(
+        report["targets"],
+        serde_json::json!([]),
+        "a partial run checks no target"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_bench_takes_its_service_and_carrier_with_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("killed.json");
+    let mut bench = start_bench(&json);
+    let children = wait_for_children(&mut bench).await;
+    signal(bench.id().unwrap(), "-KILL");
+    let status = tokio::time::timeout(Duration::from_millis(EXIT_WAIT_MS_MAX), bench.wait())
+        .await
+        .expect("a SIGKILL ends idem-bench")
+        .unwrap();
+    assert_eq!(status.code(), None, "ended by a signal: {status}");
+    let left = still_running_after(&children, ORPHAN_WAIT_MS_MAX).await;
+    for (pid, _) in &left {
+        // This test's own leftovers, ended by id so the machine stays clean.
+        signal(*pid, "-KILL");
+    }
+    assert_eq!(left, Vec::new(), "outlived the killed bench");
+    assert!(!json.exists(), "a killed bench writes no report");
+}
