@@ -3,8 +3,8 @@
 //! a person or a CI runner would: a Ctrl-C (SIGINT) must stop the load,
 //! stop both processes, remove their directory, and leave a partial report
 //! that says so; a SIGKILL, which the bench cannot answer, must still take
-//! both processes with it. A low rate, the embedded store; no figure is
-//! asserted.
+//! both processes with it, and the redis-server it started for a Redis
+//! store. A low rate; no figure is asserted.
 
 mod common;
 
@@ -30,11 +30,11 @@ const PLANNED_DURATION_S: u64 = 60;
 /// Intents per second: low, so the run stays light on a shared machine.
 const RATE_PER_S: u64 = 20;
 
-/// A bench run that will not end by itself within the test, killed if the
-/// test fails before it does.
-fn start_bench(json: &Path) -> Child {
+/// A bench run on `store_kind` that will not end by itself within the
+/// test, killed if the test fails before it does.
+fn start_bench(json: &Path, store_kind: &str) -> Child {
     Command::new(env!("CARGO_BIN_EXE_idem-bench"))
-        .args(["http", "--store-kind", "embedded", "--warmup-s", "0", "--seed", "5"])
+        .args(["http", "--store-kind", store_kind, "--warmup-s", "0", "--seed", "5"])
         .args(["--rate", &RATE_PER_S.to_string()])
         .args(["--duration-s", &PLANNED_DURATION_S.to_string()])
         .arg("--quiet")
@@ -68,26 +68,27 @@ fn parent_of(pid: u32) -> Option<u32> {
         .find_map(|line| line.strip_prefix("PPid:")?.trim().parse().ok())
 }
 
-/// The processes `bench` spawned from its spawn directory, with their
-/// command lines.
-fn spawned_children(bench: u32) -> Vec<(u32, String)> {
+/// The running processes `bench` started, with their command lines.
+fn children_of(bench: u32) -> Vec<(u32, String)> {
     let entries = std::fs::read_dir("/proc").expect("/proc");
     entries
         .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
         .filter(|pid| parent_of(*pid) == Some(bench))
         .filter_map(|pid| Some((pid, command_line_if_running(pid)?)))
-        .filter(|(_, command)| command.contains(SPAWN_MARKER))
         .collect()
 }
 
-/// Waits until the bench runs both its service and its carrier simulator.
-async fn wait_for_children(bench: &mut Child) -> Vec<(u32, String)> {
+/// Waits until the bench runs its service and its carrier simulator (both
+/// from its spawn directory), and `others` more children (a store's
+/// server); returns them all.
+async fn wait_for_children(bench: &mut Child, others: usize) -> Vec<(u32, String)> {
     let pid = bench.id().expect("the bench runs");
     let deadline = Instant::now() + Duration::from_millis(CHILDREN_WAIT_MS_MAX);
     loop {
-        let children = spawned_children(pid);
-        let carrier = children.iter().any(|(_, command)| command.contains(" carrier "));
-        if children.len() == 2 && carrier {
+        let children = children_of(pid);
+        let spawned = children.iter().filter(|(_, command)| command.contains(SPAWN_MARKER));
+        let carrier = spawned.clone().any(|(_, command)| command.contains(" carrier "));
+        if spawned.count() == 2 && carrier && children.len() == 2 + others {
             return children;
         }
         if let Ok(Some(status)) = bench.try_wait() {
@@ -120,7 +121,7 @@ async fn printed(bench: &mut Child) -> String {
 fn service_url(children: &[(u32, String)]) -> (String, PathBuf) {
     let (_, command) = children
         .iter()
-        .find(|(_, command)| !command.contains(" carrier "))
+        .find(|(_, command)| command.contains(SPAWN_MARKER) && !command.contains(" carrier "))
         .expect("the service");
     let config = command
         .split_whitespace()
@@ -162,14 +163,14 @@ fn signal(pid: u32, name: &str) {
 }
 
 /// Waits until none of `children` runs any more; the ones still running
-/// after `wait_ms_max`.
+/// after `wait_ms_max` (same id, same command line).
 async fn still_running_after(children: &[(u32, String)], wait_ms_max: u64) -> Vec<(u32, String)> {
     let deadline = Instant::now() + Duration::from_millis(wait_ms_max);
     loop {
         let running: Vec<(u32, String)> = children
             .iter()
-            .filter_map(|(pid, _)| Some((*pid, command_line_if_running(*pid)?)))
-            .filter(|(_, command)| command.contains(SPAWN_MARKER))
+            .filter(|(pid, command)| command_line_if_running(*pid).as_ref() == Some(command))
+            .cloned()
             .collect();
         if running.is_empty() || Instant::now() >= deadline {
             return running;
@@ -182,8 +183,8 @@ async fn still_running_after(children: &[(u32, String)], wait_ms_max: u64) -> Ve
 async fn ctrl_c_stops_the_load_and_every_spawned_process_and_writes_a_partial_report() {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("interrupted.json");
-    let mut bench = start_bench(&json);
-    let children = wait_for_children(&mut bench).await;
+    let mut bench = start_bench(&json, "embedded");
+    let children = wait_for_children(&mut bench, 0).await;
     let (url, config) = service_url(&children);
     wait_for_load(&url).await;
     signal(bench.id().unwrap(), "-INT");
@@ -219,10 +220,21 @@ async fn ctrl_c_stops_the_load_and_every_spawned_process_and_writes_a_partial_re
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_bench_takes_its_service_and_carrier_with_it() {
+    killed_bench_leaves_no_child("embedded", 0).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_bench_takes_its_redis_server_with_it() {
+    killed_bench_leaves_no_child("redis", 1).await;
+}
+
+/// SIGKILLs a bench on `store_kind` once its service, its carrier and
+/// `store_servers` more children run, and checks that they all end.
+async fn killed_bench_leaves_no_child(store_kind: &str, store_servers: usize) {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("killed.json");
-    let mut bench = start_bench(&json);
-    let children = wait_for_children(&mut bench).await;
+    let mut bench = start_bench(&json, store_kind);
+    let children = wait_for_children(&mut bench, store_servers).await;
     signal(bench.id().unwrap(), "-KILL");
     let status = tokio::time::timeout(Duration::from_millis(EXIT_WAIT_MS_MAX), bench.wait())
         .await
