@@ -235,6 +235,7 @@ async fn killed_bench_leaves_no_child(store_kind: &str, store_servers: usize) {
     let json = dir.path().join("killed.json");
     let mut bench = start_bench(&json, store_kind);
     let children = wait_for_children(&mut bench, store_servers).await;
+    let (_, config) = service_url(&children);
     signal(bench.id().unwrap(), "-KILL");
     let status = tokio::time::timeout(Duration::from_millis(EXIT_WAIT_MS_MAX), bench.wait())
         .await
@@ -242,6 +243,8 @@ async fn killed_bench_leaves_no_child(store_kind: &str, store_servers: usize) {
         .unwrap();
     assert_eq!(status.code(), None, "ended by a signal: {status}");
     let left = still_running_after(&children, ORPHAN_WAIT_MS_MAX).await;
+    // A killed bench cannot remove its spawn directory: the test does.
+    let _ = std::fs::remove_dir_all(config.parent().unwrap());
     for (pid, _) in &left {
         // This test's own leftovers, ended by id so the machine stays clean.
         signal(*pid, "-KILL");
