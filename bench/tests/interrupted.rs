@@ -11,6 +11,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
+use tokio::io::AsyncBufReadExt;
 use tokio::process::{Child, Command};
 
 /// The bench's spawn directory, in its children's command lines.
@@ -181,28 +182,49 @@ async fn still_running_after(children: &[(u32, String)], wait_ms_max: u64) -> Ve
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ctrl_c_stops_the_load_and_every_spawned_process_and_writes_a_partial_report() {
+    interrupted_run_leaves_nothing_but_its_report("SIGINT", 130).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_ends_a_run_as_ctrl_c_does() {
+    interrupted_run_leaves_nothing_but_its_report("SIGTERM", 143).await;
+}
+
+/// Sends `signal_name` to a loaded run, and checks what it leaves: a
+/// partial report that says so, no process, no spawn directory.
+async fn interrupted_run_leaves_nothing_but_its_report(signal_name: &str, exit_code: i32) {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("interrupted.json");
     let mut bench = start_bench(&json, "embedded");
     let children = wait_for_children(&mut bench, 0).await;
     let (url, config) = service_url(&children);
     wait_for_load(&url).await;
-    signal(bench.id().unwrap(), "-INT");
+    signal(
+        bench.id().unwrap(),
+        &format!("-{}", signal_name.trim_start_matches("SIG")),
+    );
     let output = tokio::time::timeout(Duration::from_millis(EXIT_WAIT_MS_MAX), bench.wait_with_output())
         .await
-        .expect("idem-bench exits after one Ctrl-C")
+        .expect("idem-bench exits after one signal")
         .unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(130), "{stdout}\n{stderr}");
-    assert!(stdout.contains("INTERRUPTED by SIGINT"), "{stdout}");
-    assert!(stderr.contains("SIGINT: stopping the load"), "{stderr}");
+    assert_eq!(output.status.code(), Some(exit_code), "{stdout}\n{stderr}");
+    assert!(stdout.contains(&format!("INTERRUPTED by {signal_name}")), "{stdout}");
+    assert!(
+        stderr.contains(&format!("{signal_name}: stopping the load")),
+        "{stderr}"
+    );
     // Stopped by the bench itself, before it exited: nothing is left.
     assert_eq!(still_running_after(&children, 0).await, Vec::new(), "{children:?}");
     let spawn_dir = config.parent().unwrap();
     assert!(!spawn_dir.exists(), "{} was left behind", spawn_dir.display());
     let report = common::read_report(&json);
-    assert_eq!(report["interrupted"]["signal"], "SIGINT", "{}", report["interrupted"]);
+    assert_eq!(
+        report["interrupted"]["signal"], signal_name,
+        "{}",
+        report["interrupted"]
+    );
     let open_loop = &report["http"][0]["open_loop"];
     let intended = open_loop["intended"].as_u64().unwrap();
     assert!(intended > 0, "{open_loop}");
@@ -216,6 +238,49 @@ async fn ctrl_c_stops_the_load_and_every_spawned_process_and_writes_a_partial_re
         serde_json::json!([]),
         "a partial run checks no target"
     );
+}
+
+/// A second Ctrl-C, once the first has been taken: the bench exits at once
+/// without a report, and the kernel ends its children.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_ctrl_c_exits_at_once_and_still_ends_the_children() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("twice.json");
+    let mut bench = start_bench(&json, "embedded");
+    let children = wait_for_children(&mut bench, 0).await;
+    let (url, config) = service_url(&children);
+    wait_for_load(&url).await;
+    let pid = bench.id().unwrap();
+    signal(pid, "-INT");
+    let mut stderr = tokio::io::BufReader::new(bench.stderr.take().unwrap()).lines();
+    let mut printed = String::new();
+    while !printed.contains("SIGINT: stopping the load") {
+        let line = tokio::time::timeout(Duration::from_millis(EXIT_WAIT_MS_MAX), stderr.next_line())
+            .await
+            .expect("the bench says it took the first Ctrl-C");
+        printed.push_str(
+            &line
+                .unwrap()
+                .unwrap_or_else(|| panic!("the bench closed stderr: {printed}")),
+        );
+    }
+    signal(pid, "-INT");
+    let status = tokio::time::timeout(Duration::from_millis(EXIT_WAIT_MS_MAX), bench.wait())
+        .await
+        .expect("idem-bench exits after a second Ctrl-C")
+        .unwrap();
+    while let Ok(Some(line)) = stderr.next_line().await {
+        printed.push_str(&line);
+    }
+    assert_eq!(status.code(), Some(130), "{printed}");
+    assert!(printed.contains("SIGINT again: stopping at once"), "{printed}");
+    let left = still_running_after(&children, ORPHAN_WAIT_MS_MAX).await;
+    for (pid, _) in &left {
+        signal(*pid, "-KILL");
+    }
+    let _ = std::fs::remove_dir_all(config.parent().unwrap());
+    assert_eq!(left, Vec::new(), "outlived the bench");
+    assert!(!json.exists(), "no report after a second Ctrl-C");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
