@@ -47,7 +47,7 @@ pub enum BuildError {
 }
 
 /// An intent that is done.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct Done {
     /// The answer's status (201 for a label).
     pub status: u16,
@@ -62,6 +62,18 @@ pub struct Done {
     pub attempts: u32,
     /// The answer's body, at most [`RESPONSE_BYTES_MAX`] bytes.
     pub body: Vec<u8>,
+}
+
+impl std::fmt::Debug for Done {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Done")
+            .field("status", &self.status)
+            .field("replayed", &self.replayed)
+            .field("waited", &self.waited)
+            .field("attempts", &self.attempts)
+            .field("body", &self.text())
+            .finish()
+    }
 }
 
 impl Done {
