@@ -220,3 +220,87 @@ async fn a_request_without_a_key_is_sent_once_and_a_bad_key_is_never_sent() {
     assert!(refused.is_err());
     assert_eq!(seen.lock().unwrap().len(), 1, "a bad key never reaches the wire");
 }
+
+/// Every span opened, with its parent's name.
+#[derive(Clone, Default)]
+struct SpanLog(Arc<Mutex<Vec<(&'static str, Option<&'static str>)>>>);
+
+impl<S> tracing_subscriber::Layer<S> for SpanLog
+where
+    S: tracing::Subscriber + for<'span> tracing_subscriber::registry::LookupSpan<'span>,
+{
+    fn on_new_span(
+        &self,
+        attributes: &tracing::span::Attributes<'_>,
+        id: &tracing::span::Id,
+        context: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        let parent = context
+            .span(id)
+            .and_then(|span| span.parent())
+            .map(|parent| parent.name());
+        self.0.lock().unwrap().push((attributes.metadata().name(), parent));
+    }
+}
+
+#[test]
+fn metrics_count_attempts_retries_replays_budget_and_outcomes_and_each_intent_is_a_span_of_attempts() {
+    use tracing_subscriber::layer::SubscriberExt;
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let exposition = recorder.handle();
+    let spans = SpanLog::default();
+    let subscriber = tracing_subscriber::registry().with(spans.clone());
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let unavailable = answer("503 Service Unavailable", &[], "");
+    metrics::with_local_recorder(&recorder, || {
+        tracing::subscriber::with_default(subscriber, || {
+            runtime.block_on(async {
+                let (url, _) = scripted_peer(vec![unavailable.clone(), created(true), unavailable]).await;
+                let budget = Arc::new(RetryBudget::with_tokens(2 * RETRY_COST_TOKENS).unwrap());
+                let client = IdemClient::builder(url)
+                    .budget(budget)
+                    .clock(Arc::new(ManualClock::default()))
+                    .build()
+                    .unwrap();
+                let done = client.post("/v1/labels", &key(), b"{}".to_vec()).await.unwrap();
+                assert!(done.replayed);
+                let other = IntentKey::new("label:918273:2:v1").unwrap();
+                let error = client.post("/v1/labels", &other, b"{}".to_vec()).await.unwrap_err();
+                assert!(
+                    matches!(
+                        error,
+                        IntentError::GaveUp {
+                            reason: GiveUpReason::BudgetExhausted,
+                            attempts: 3,
+                            ..
+                        }
+                    ),
+                    "{error:?}"
+                );
+            })
+        })
+    });
+    let text = exposition.render();
+    for line in [
+        r#"idem_client_attempts_total{answer="unavailable"} 4"#,
+        r#"idem_client_attempts_total{answer="replayed"} 1"#,
+        r#"idem_client_retries_total{after="unavailable"} 3"#,
+        "idem_client_budget_exhausted_total 1",
+        "idem_client_replays_total 1",
+        r#"idem_client_intents_total{outcome="replayed"} 1"#,
+        r#"idem_client_intents_total{outcome="budget_exhausted"} 1"#,
+    ] {
+        assert!(text.lines().any(|exposed| exposed == line), "{line} in:\n{text}");
+    }
+    let spans = spans.0.lock().unwrap().clone();
+    let intents = spans.iter().filter(|(name, _)| *name == "intent").count();
+    let attempts: Vec<_> = spans.iter().filter(|(name, _)| *name == "attempt").collect();
+    assert_eq!((intents, attempts.len()), (2, 5), "{spans:?}");
+    assert!(
+        attempts.iter().all(|(_, parent)| *parent == Some("intent")),
+        "{spans:?}"
+    );
+}
