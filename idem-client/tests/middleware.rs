@@ -221,9 +221,12 @@ async fn a_request_without_a_key_is_sent_once_and_a_bad_key_is_never_sent() {
     assert_eq!(seen.lock().unwrap().len(), 1, "a bad key never reaches the wire");
 }
 
+/// A span's name and its parent's.
+type SpanAndParent = (&'static str, Option<&'static str>);
+
 /// Every span opened, with its parent's name.
 #[derive(Clone, Default)]
-struct SpanLog(Arc<Mutex<Vec<(&'static str, Option<&'static str>)>>>);
+struct SpanLog(Arc<Mutex<Vec<SpanAndParent>>>);
 
 impl<S> tracing_subscriber::Layer<S> for SpanLog
 where
