@@ -152,11 +152,6 @@ impl RetryPolicy {
     pub fn wait_of_attempt(&self, attempt: u32) -> Option<Duration> {
         self.prefer_wait.filter(|_| attempt > 1)
     }
-
-    /// The longest one intent may take: its deadline.
-    pub fn intent_time_max(&self) -> Duration {
-        self.intent_timeout
-    }
 }
 
 /// Builds a [`RetryPolicy`]; every setting is checked in [`RetryPolicyBuilder::build`].

@@ -202,6 +202,54 @@ async fn a_shared_budget_stops_the_retries_of_every_intent() {
     assert!(budget.refused() >= 2);
 }
 
+/// A peer that accepts connections and never answers.
+async fn silent_peer() -> (String, Arc<Mutex<usize>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let accepted = Arc::new(Mutex::new(0));
+    let counting = accepted.clone();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((connection, _)) = listener.accept().await {
+            *counting.lock().unwrap() += 1;
+            held.push(connection);
+        }
+    });
+    (url, accepted)
+}
+
+#[tokio::test]
+async fn each_attempt_has_a_deadline_and_so_has_the_intent() {
+    let (url, accepted) = silent_peer().await;
+    let policy = RetryPolicy::builder()
+        .attempts_max(100)
+        .attempt_timeout(Duration::from_millis(50))
+        .intent_timeout(Duration::from_millis(400))
+        .backoff(Duration::from_millis(1), Duration::from_millis(10))
+        .build()
+        .unwrap();
+    let client = IdemClient::builder(url).policy(policy).build().unwrap();
+    let started = std::time::Instant::now();
+    let error = client.post("/v1/labels", &key(), b"{}".to_vec()).await.unwrap_err();
+    let IntentError::GaveUp {
+        reason: GiveUpReason::DeadlineExceeded,
+        attempts,
+        last: "timeout",
+    } = error
+    else {
+        panic!("timeouts are retried until the intent's deadline: {error:?}");
+    };
+    assert!(attempts >= 2 && attempts < 100, "{attempts}");
+    assert_eq!(
+        *accepted.lock().unwrap(),
+        attempts as usize,
+        "one connection per attempt"
+    );
+    // A bound, not a measurement: the intent stops near its 400 ms, never
+    // after 100 attempts of 50 ms.
+    assert!(started.elapsed() < Duration::from_secs(4), "{:?}", started.elapsed());
+}
+
 #[tokio::test]
 async fn a_request_without_a_key_is_sent_once_and_a_bad_key_is_never_sent() {
     let (url, seen) = scripted_peer(vec![answer("503 Service Unavailable", &[], "")]).await;
