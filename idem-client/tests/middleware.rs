@@ -239,7 +239,7 @@ async fn each_attempt_has_a_deadline_and_so_has_the_intent() {
     else {
         panic!("timeouts are retried until the intent's deadline: {error:?}");
     };
-    assert!(attempts >= 2 && attempts < 100, "{attempts}");
+    assert!((2..100).contains(&attempts), "{attempts}");
     assert_eq!(
         *accepted.lock().unwrap(),
         attempts as usize,
