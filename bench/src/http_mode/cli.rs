@@ -94,7 +94,7 @@ pub struct FulfilmentArgs {
     /// that gets none in time counts as a timeout that never reached the server.
     #[arg(long, default_value_t = CONNECTIONS_MAX_DEFAULT)]
     pub connections_max: usize,
-    /// First backoff after a timeout, 409 or 503, in milliseconds (doubles per attempt, full jitter).
+    /// First backoff after a timeout, a connection error, 409 or 5xx, in milliseconds (doubles per attempt, full jitter).
     #[arg(long, default_value_t = BACKOFF_MS_BASE_DEFAULT)]
     pub backoff_base_ms: u64,
     /// Longest backoff, in milliseconds.

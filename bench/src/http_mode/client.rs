@@ -1,13 +1,18 @@
 //! The Fulfilment service as a client of the Label service: one intent per
-//! parcel, a 250 ms deadline per attempt, capped exponential backoff with
-//! full jitter on timeouts, 409 and 503 (always the same key in derived
-//! mode), never a retry on 422, and a share of intents sent twice at once.
-//! The polite profile (the default) also waits at least the server's
-//! `Retry-After` and spends a retry quota shared by the whole client
-//! ([`RetryQuota`]); the aggressive one does neither. With `--prefer-wait S`
-//! every retry asks the server to wait (`Prefer: wait=S`,
+//! parcel, a 250 ms deadline per attempt, and a share of intents sent twice
+//! at once. What to do after each answer is idem-client's decision
+//! ([`idem_client::IntentRetry`], the same the library's middleware
+//! makes): capped exponential backoff with full jitter on timeouts,
+//! connection errors, 409 and 5xx (always the same key in derived mode),
+//! never a retry on 422 or another 4xx. The polite profile (the default)
+//! also waits the server's `Retry-After` and spends a retry budget shared
+//! by the whole client ([`RetryBudget`]), waiting the longest backoff more
+//! when it is empty; the aggressive one does neither. With
+//! `--prefer-wait S` every retry asks the server to wait (`Prefer: wait=S`,
 //! docs/design.md#waiting) and is given S seconds more; what the waits did
-//! is counted in [`WaitTally`].
+//! is counted in [`WaitTally`]. The bench keeps its own sender (a bounded
+//! pool of connections, instances in turn, the answer's label id read for
+//! the audit), so its hot path allocates nothing the decision adds.
 //!
 //! Every attempt's answer is counted by kind ([`AttemptCounts`]) and every
 //! label id an intent received is kept ([`IntentLog`]), for the audit.
@@ -18,88 +23,29 @@ use crate::intent::{Intent, LABELS_PATH, RunIds};
 use crate::recorder::{Outcome, latency_histogram, micros};
 use futures::future::BoxFuture;
 use hdrhistogram::Histogram;
+use idem_client::{
+    AnswerClass, IntentRetry, RetryAfter, RetryAfterUse, RetryBudget, RetryPolicy, Step, WhenBudgetEmpty, is_replayed,
+    wait_was_applied,
+};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
-use std::time::Instant;
+use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::{Notify, Semaphore, mpsc};
 
-/// The replay header (Stripe's convention, which the Label service follows).
-pub const REPLAYED_HEADER: &str = "idempotent-replayed";
 /// The request header of RFC 7240 preferences.
-pub const PREFER_HEADER: &str = "prefer";
-/// The answer's header naming the preferences the server honoured: present
-/// when a `Prefer: wait` request did wait.
-pub const PREFERENCE_APPLIED_HEADER: &str = "preference-applied";
+pub const PREFER_HEADER: &str = idem_client::PREFER_HEADER;
 /// Largest response body the client reads, in bytes.
 pub const RESPONSE_BYTES_MAX: usize = 64 * 1024;
 /// Most attempts accepted for `--attempts-max`.
-pub const ATTEMPTS_LIMIT: u32 = 100;
+pub const ATTEMPTS_LIMIT: u32 = idem_client::ATTEMPTS_LIMIT;
 /// Idle keep-alive connections kept to the server.
 const IDLE_CONNECTIONS_MAX: usize = 4_096;
 /// Longest `Retry-After` the client honours; a longer one is cut to this.
 pub const RETRY_AFTER_S_MAX: u64 = 30;
-
-/// The AWS SDKs' standard retry mode's retry quota ("Retry behavior" in the
-/// AWS SDKs and Tools reference guide): the client starts with
-/// [`RETRY_QUOTA_TOKENS_MAX`] tokens; a retry after an error costs
-/// [`RETRY_COST_TOKENS`] (after a timeout [`RETRY_TIMEOUT_COST_TOKENS`]); a
-/// success gives back what its own retries cost, or [`SUCCESS_REFUND_TOKENS`]
-/// when it needed none. With the quota empty a retry waits the longest
-/// backoff first (the SDKs fail it; a Fulfilment service would queue the
-/// intent for later rather than lose a parcel), so an overloaded server sees
-/// the client's retries slow down instead of multiply.
-pub const RETRY_QUOTA_TOKENS_MAX: u64 = 500;
-pub const RETRY_COST_TOKENS: u64 = 5;
-pub const RETRY_TIMEOUT_COST_TOKENS: u64 = 10;
-pub const SUCCESS_REFUND_TOKENS: u64 = 1;
-
-/// The retry quota shared by every intent of one client.
-#[derive(Debug)]
-pub struct RetryQuota {
-    tokens: Mutex<u64>,
-    refused: AtomicU64,
-}
-
-impl Default for RetryQuota {
-    fn default() -> Self {
-        Self {
-            tokens: Mutex::new(RETRY_QUOTA_TOKENS_MAX),
-            refused: AtomicU64::new(0),
-        }
-    }
-}
-
-impl RetryQuota {
-    /// Takes the cost of one retry after `answer`; `None` when the quota
-    /// cannot pay it (the retry is then deferred).
-    pub fn take(&self, answer: &Answer) -> Option<u64> {
-        let cost = match answer {
-            Answer::Timeout => RETRY_TIMEOUT_COST_TOKENS,
-            _ => RETRY_COST_TOKENS,
-        };
-        let mut tokens = self.tokens.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if *tokens < cost {
-            self.refused.fetch_add(1, Ordering::Relaxed);
-            return None;
-        }
-        *tokens -= cost;
-        Some(cost)
-    }
-
-    /// A success gives back what its retries cost, or the small refund.
-    pub fn refund(&self, spent: u64) {
-        let refund = if spent == 0 { SUCCESS_REFUND_TOKENS } else { spent };
-        let mut tokens = self.tokens.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        *tokens = (*tokens + refund).min(RETRY_QUOTA_TOKENS_MAX);
-    }
-
-    /// Retries the quota could not pay for (deferred) so far.
-    pub fn refused(&self) -> u64 {
-        self.refused.load(Ordering::Relaxed)
-    }
-}
+/// The bench gives an intent no deadline of its own: a copy runs until its
+/// attempts are spent ([`ClientSettings::copy_time_max`] bounds it).
+const INTENT_TIMEOUT_MS: u64 = idem_client::TIMEOUT_MS_LIMIT;
 
 /// Why the client settings were refused.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -118,6 +64,8 @@ pub enum ClientError {
     Url(String),
     #[error("the HTTP client could not be built: {0}")]
     Build(String),
+    #[error("the retry policy was refused: {0}")]
+    Policy(#[from] idem_client::PolicyError),
 }
 
 /// The client's settings, checked.
@@ -138,6 +86,8 @@ pub struct ClientSettings {
     pub seed: u64,
     /// `--prefer-wait`: seconds every retry asks the server to wait.
     pub prefer_wait_s: Option<u64>,
+    /// The retry decision's settings, made from the ones above.
+    pub policy: RetryPolicy,
 }
 
 impl ClientSettings {
@@ -157,14 +107,43 @@ impl ClientSettings {
         self.prefer_wait_s.map(Duration::from_secs)
     }
 
-    /// Whether attempt `attempt` (from 1) asks to wait. Only retries do: a
-    /// first attempt cannot find its own key in progress (only a duplicate
-    /// of it can), and it must keep the plain deadline, since the bench
-    /// measures the service's answer to new work within it. A retry is
-    /// exactly the request that meets its earlier attempt still running, as
-    /// a real client's does after a timeout.
-    fn asks_to_wait(&self, attempt: u32) -> bool {
-        self.prefer_wait_s.is_some() && attempt > 1
+    /// The retry budget of a client with these settings: the polite
+    /// profile's token bucket, or none (every retry paid) for the
+    /// aggressive one.
+    fn budget(&self) -> RetryBudget {
+        match self.profile {
+            ClientProfile::Polite => RetryBudget::default(),
+            ClientProfile::Aggressive => RetryBudget::unlimited(),
+        }
+    }
+
+    /// The policy of `args`: only retries ask to wait (idem-client's rule:
+    /// a first attempt cannot find its own key in progress, only a
+    /// duplicate of it can, and it keeps the plain deadline, since the
+    /// bench measures the service's answer to new work within it).
+    fn policy(
+        args: &FulfilmentArgs,
+        backoff_base: Duration,
+        backoff_cap: Duration,
+    ) -> Result<RetryPolicy, ClientError> {
+        let (retry_after, when_budget_empty) = match args.client_profile {
+            ClientProfile::Polite => (
+                RetryAfterUse::Honour {
+                    max: Duration::from_secs(RETRY_AFTER_S_MAX),
+                },
+                WhenBudgetEmpty::WaitBackoffCap,
+            ),
+            ClientProfile::Aggressive => (RetryAfterUse::Ignore, WhenBudgetEmpty::GiveUp),
+        };
+        Ok(RetryPolicy::builder()
+            .attempts_max(args.attempts_max)
+            .attempt_timeout(Duration::from_millis(args.deadline_ms))
+            .intent_timeout(Duration::from_millis(INTENT_TIMEOUT_MS))
+            .backoff(backoff_base, backoff_cap)
+            .retry_after(retry_after)
+            .prefer_wait(args.prefer_wait.map(Duration::from_secs))
+            .when_budget_empty(when_budget_empty)
+            .build()?)
     }
 
     pub fn new(base_urls: &[String], args: &FulfilmentArgs, seed: u64) -> Result<Self, ClientError> {
@@ -194,6 +173,9 @@ impl ClientSettings {
             .map(|base_url| reqwest::Url::parse(&format!("{}{LABELS_PATH}", base_url.trim_end_matches('/'))))
             .collect::<Result<Vec<_>, _>>()
             .map_err(|error| ClientError::Url(error.to_string()))?;
+        let backoff_base = Duration::from_millis(args.backoff_base_ms.max(1));
+        let backoff_cap = Duration::from_millis(args.backoff_cap_ms.max(args.backoff_base_ms).max(1));
+        let policy = Self::policy(args, backoff_base, backoff_cap)?;
         Ok(Self {
             labels_urls,
             token: args.token.clone(),
@@ -202,11 +184,12 @@ impl ClientSettings {
             deadline: Duration::from_millis(args.deadline_ms),
             attempts_max: args.attempts_max,
             connections_max: args.connections_max,
-            backoff_base: Duration::from_millis(args.backoff_base_ms.max(1)),
-            backoff_cap: Duration::from_millis(args.backoff_cap_ms.max(args.backoff_base_ms).max(1)),
+            backoff_base,
+            backoff_cap,
             duplicate_share: args.duplicate_share,
             seed,
             prefer_wait_s: args.prefer_wait,
+            policy,
         })
     }
 }
@@ -245,12 +228,13 @@ impl Answer {
         }
     }
 
-    /// Whether the Fulfilment service retries after this answer.
-    pub fn is_retryable(&self) -> bool {
+    /// The answer as idem-client classifies it (docs/design.md#status-codes).
+    pub fn class(&self) -> AnswerClass {
         match self {
-            Answer::Timeout | Answer::Transport => true,
-            Answer::Status { status, .. } => matches!(status, 409 | 503),
-            Answer::Created { .. } => false,
+            Answer::Created { replayed, .. } => AnswerClass::Done { replayed: *replayed },
+            Answer::Status { status, .. } => AnswerClass::of_status(*status, false),
+            Answer::Timeout => AnswerClass::Timeout,
+            Answer::Transport => AnswerClass::Connection,
         }
     }
 }
@@ -568,7 +552,8 @@ pub struct FulfilmentClient {
     ids: RunIds,
     pub counts: Arc<AttemptCounts>,
     pub log: Arc<IntentLog>,
-    pub quota: Arc<RetryQuota>,
+    /// The retry budget every intent of the run shares.
+    pub quota: Arc<RetryBudget>,
     pub timeline: Arc<AttemptTimeline>,
     pub waits: Arc<WaitTally>,
 }
@@ -580,6 +565,7 @@ impl FulfilmentClient {
             .tcp_nodelay(true)
             .build()
             .map_err(|error| ClientError::Build(error.to_string()))?;
+        let quota = Arc::new(settings.budget());
         Ok(Self {
             http,
             connections: Arc::new(Semaphore::new(settings.connections_max)),
@@ -587,7 +573,7 @@ impl FulfilmentClient {
             ids,
             counts: Arc::new(AttemptCounts::default()),
             log: Arc::new(IntentLog::default()),
-            quota: Arc::new(RetryQuota::default()),
+            quota,
             timeline: Arc::new(AttemptTimeline::default()),
             waits: Arc::new(WaitTally::default()),
         })
@@ -680,7 +666,7 @@ struct IntentCopy {
     connections: Arc<Semaphore>,
     settings: ClientSettings,
     counts: Arc<AttemptCounts>,
-    quota: Arc<RetryQuota>,
+    quota: Arc<RetryBudget>,
     timeline: Arc<AttemptTimeline>,
     waits: Arc<WaitTally>,
     intent: Intent,
@@ -690,13 +676,13 @@ struct IntentCopy {
 struct Replied {
     answer: Answer,
     /// The server's `Retry-After`, if it sent one.
-    retry_after: Option<Duration>,
+    retry_after: Option<RetryAfter>,
     /// `Preference-Applied` was present: the server made the attempt wait.
     waited: bool,
 }
 
 impl Replied {
-    fn unanswered(answer: Answer, retry_after: Option<Duration>) -> Self {
+    fn unanswered(answer: Answer, retry_after: Option<RetryAfter>) -> Self {
         Self {
             answer,
             retry_after,
@@ -706,70 +692,47 @@ impl Replied {
 }
 
 impl IntentCopy {
+    /// Sends attempts until idem-client's decision ends the copy.
     async fn run(&self) -> CopyResult {
         let derived = self.intent.derived_key();
         let body = self.intent.body();
         let mut result = CopyResult::default();
-        let mut quota_spent = 0;
-        for attempt in 1..=self.settings.attempts_max {
+        let mut retry = IntentRetry::new(&self.settings.policy, &self.quota, Instant::now());
+        while let Ok(plan) = retry.next_attempt(Instant::now()) {
             let key = match self.settings.key_mode {
                 KeyMode::Derived => derived.clone(),
                 KeyMode::PerAttempt => format!("attempt-{:032x}", rand::random::<u128>()),
             };
             let sent = Instant::now();
-            let asks_to_wait = self.settings.asks_to_wait(attempt);
+            let wait_s = plan.prefer_wait.map(|wait| wait.as_secs());
             let Replied {
                 answer,
                 retry_after,
                 waited,
-            } = self.send(self.instance(attempt), &key, &body, asks_to_wait).await;
+            } = self
+                .send(self.instance(plan.number), &key, &body, plan.timeout, wait_s)
+                .await;
             self.timeline.record(sent, &answer);
             self.counts.add(&answer);
-            if asks_to_wait {
+            if wait_s.is_some() {
                 self.waits.record(&answer, waited, sent.elapsed());
             }
-            result.attempts = attempt;
-            match answer {
-                Answer::Created { label_id, .. } => {
-                    self.quota.refund(quota_spent);
-                    result.labels.push(label_id);
-                    return result;
-                }
-                retryable if retryable.is_retryable() => {
-                    if attempt == self.settings.attempts_max {
-                        break;
+            result.attempts = plan.number;
+            match retry.after(&answer.class(), retry_after, Instant::now(), SystemTime::now()) {
+                Step::Retry { pause } => tokio::time::sleep(pause).await,
+                Step::Finish => {
+                    match answer {
+                        Answer::Created { label_id, .. } => result.labels.push(label_id),
+                        // 422 and every other definitive answer: never retried.
+                        other => result.failure = Some(other.kind()),
                     }
-                    let (pause, cost) = self.pause_before_retry(&retryable, attempt, retry_after);
-                    quota_spent += cost;
-                    tokio::time::sleep(pause).await;
-                }
-                // 422 and every other definitive error: never retried.
-                other => {
-                    result.failure = Some(other.kind());
                     return result;
                 }
+                Step::GiveUp(_) => break,
             }
         }
         result.failure = Some("gave_up".into());
         result
-    }
-
-    /// How long to wait before retrying after `answer`, and the quota it
-    /// cost. With the polite client's quota empty the retry is deferred,
-    /// not dropped: it waits the longest backoff (and `Retry-After`), as a
-    /// Fulfilment service would put the intent back on its queue for later
-    /// instead of losing a parcel, so an overloaded server sees at most one
-    /// retry per intent per backoff cap.
-    fn pause_before_retry(&self, answer: &Answer, attempt: u32, retry_after: Option<Duration>) -> (Duration, u64) {
-        let jittered = backoff(&self.settings, attempt);
-        let retry_after = retry_after.unwrap_or_default();
-        match self.settings.profile {
-            ClientProfile::Aggressive => (jittered, 0),
-            ClientProfile::Polite => match self.quota.take(answer) {
-                Some(cost) => (retry_after + jittered, cost),
-                None => (retry_after + self.settings.backoff_cap + jittered, 0),
-            },
-        }
     }
 
     /// The instance for `attempt` (from 1): intents start round robin, a
@@ -780,11 +743,16 @@ impl IntentCopy {
         &urls[instance_of(self.intent.index, self.copy_number, attempt, urls.len())]
     }
 
-    /// One attempt, asking the server to wait when `asks_to_wait` (with
-    /// the deadline stretched by the wait).
-    async fn send(&self, url: &reqwest::Url, key: &str, body: &[u8], asks_to_wait: bool) -> Replied {
-        let wait_s = self.settings.prefer_wait_s.filter(|_| asks_to_wait);
-        let deadline = self.settings.deadline + Duration::from_secs(wait_s.unwrap_or(0));
+    /// One attempt within `deadline`, asking the server to wait `wait_s`
+    /// seconds when set (the deadline then includes the wait).
+    async fn send(
+        &self,
+        url: &reqwest::Url,
+        key: &str,
+        body: &[u8],
+        deadline: Duration,
+        wait_s: Option<u64>,
+    ) -> Replied {
         // A connection from the bounded pool, within the attempt's deadline.
         let waited_from = Instant::now();
         let Ok(Ok(_connection)) = tokio::time::timeout(deadline, self.connections.acquire()).await else {
@@ -807,12 +775,9 @@ impl IntentCopy {
             Err(_) => return Replied::unanswered(Answer::Transport, None),
         };
         let status = response.status().as_u16();
-        let retry_after = retry_after(response.headers());
-        let replayed = response
-            .headers()
-            .get(REPLAYED_HEADER)
-            .is_some_and(|value| value.as_bytes().eq_ignore_ascii_case(b"true"));
-        let waited = response.headers().contains_key(PREFERENCE_APPLIED_HEADER);
+        let retry_after = RetryAfter::from_headers(response.headers());
+        let replayed = is_replayed(response.headers());
+        let waited = wait_was_applied(response.headers());
         let bytes = match read_limited(response).await {
             Ok(bytes) => bytes,
             Err(error) if error.is_timeout() => return Replied::unanswered(Answer::Timeout, retry_after),
@@ -847,19 +812,6 @@ fn instance_of(index: u64, copy_number: u32, attempt: u32, instances: usize) -> 
     (position % instances.max(1) as u64) as usize
 }
 
-/// `Retry-After` in delay-seconds (the only form the Label service sends),
-/// capped at [`RETRY_AFTER_S_MAX`]; anything else is ignored.
-fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
-    let seconds: u64 = headers
-        .get(reqwest::header::RETRY_AFTER)?
-        .to_str()
-        .ok()?
-        .trim()
-        .parse()
-        .ok()?;
-    Some(Duration::from_secs(seconds.min(RETRY_AFTER_S_MAX)))
-}
-
 /// What the client reads from an answer: the label (201) or the problem code.
 #[derive(Debug, Default, serde::Deserialize)]
 struct AnswerFields {
@@ -886,18 +838,6 @@ fn sanitise_code(code: &str) -> String {
         .take(40)
         .map(|c| if c.is_ascii_alphanumeric() || c == '_' { c } else { '_' })
         .collect()
-}
-
-/// Capped exponential backoff with full jitter: a random pause between zero
-/// and min(cap, base x 2^(attempt-1)), so retries of many clients spread out.
-pub fn backoff(settings: &ClientSettings, attempt: u32) -> Duration {
-    let ceiling = backoff_ceiling(settings, attempt);
-    Duration::from_micros(rand::random_range(0..=ceiling.as_micros() as u64))
-}
-
-pub fn backoff_ceiling(settings: &ClientSettings, attempt: u32) -> Duration {
-    let doubling = 1u32 << attempt.saturating_sub(1).min(20);
-    settings.backoff_base.saturating_mul(doubling).min(settings.backoff_cap)
 }
 
 fn splitmix64(mut z: u64) -> u64 {
@@ -968,7 +908,8 @@ mod tests {
         let copy = client.copy(client.ids.intent(0), 0);
         let url = client.settings.labels_urls[0].clone();
         let taken = client.connections.clone().acquire_owned().await.unwrap();
-        let waited = copy.send(&url, "key-0", b"{}", false).await;
+        let deadline = client.settings.deadline;
+        let waited = copy.send(&url, "key-0", b"{}", deadline, None).await;
         assert_eq!(waited.answer, Answer::Timeout);
         assert_eq!(
             accepted.load(Ordering::SeqCst),
@@ -976,7 +917,7 @@ mod tests {
             "no connection while the pool's only one is taken"
         );
         drop(taken);
-        let sent = copy.send(&url, "key-0", b"{}", false).await;
+        let sent = copy.send(&url, "key-0", b"{}", deadline, None).await;
         assert_eq!(sent.answer, Answer::Timeout, "the server never answers");
         assert_eq!(accepted.load(Ordering::SeqCst), 1, "a free connection is used");
         server.abort();
@@ -992,10 +933,15 @@ mod tests {
     #[test]
     fn only_retries_ask_to_wait_and_their_wait_is_bounded() {
         let plain = settings(&[]);
-        assert!(!plain.asks_to_wait(2));
+        assert_eq!(plain.policy.wait_of_attempt(2), None);
         let waiting = settings(&["--prefer-wait", "2"]);
-        assert!(!waiting.asks_to_wait(1), "a first attempt keeps the plain deadline");
-        assert!(waiting.asks_to_wait(2) && waiting.asks_to_wait(10));
+        assert_eq!(
+            waiting.policy.wait_of_attempt(1),
+            None,
+            "a first attempt keeps the plain deadline"
+        );
+        assert_eq!(waiting.policy.wait_of_attempt(2), Some(Duration::from_secs(2)));
+        assert_eq!(waiting.policy.timeout_of_attempt(10), Duration::from_millis(2_250));
         assert_eq!(
             waiting.copy_time_max() - plain.copy_time_max(),
             Duration::from_secs(2) * plain.attempts_max
@@ -1044,32 +990,20 @@ mod tests {
     }
 
     #[test]
-    fn backoff_doubles_up_to_the_cap_with_jitter_below_it() {
-        let settings = settings(&["--backoff-base-ms", "10", "--backoff-cap-ms", "70"]);
-        let ceilings: Vec<u64> = (1..=5)
-            .map(|a| backoff_ceiling(&settings, a).as_millis() as u64)
-            .collect();
-        assert_eq!(ceilings, [10, 20, 40, 70, 70]);
-        for attempt in 1..=5 {
-            assert!(backoff(&settings, attempt) <= backoff_ceiling(&settings, attempt));
+    fn answers_are_retried_as_idem_client_classifies_them() {
+        assert!(Answer::Timeout.class().is_retried());
+        assert!(Answer::Transport.class().is_retried());
+        for status in [409, 500, 502, 503] {
+            assert!(Answer::Status { status, code: None }.class().is_retried(), "{status}");
         }
-        assert_eq!(backoff_ceiling(&settings, u32::MAX), Duration::from_millis(70));
-    }
-
-    #[test]
-    fn only_timeouts_409_and_503_are_retried() {
-        assert!(Answer::Timeout.is_retryable());
-        assert!(Answer::Transport.is_retryable());
-        for status in [409, 503] {
-            assert!(Answer::Status { status, code: None }.is_retryable());
-        }
-        for status in [400, 401, 413, 422, 500, 502] {
-            assert!(!Answer::Status { status, code: None }.is_retryable(), "{status}");
+        for status in [400, 401, 413, 422] {
+            assert!(!Answer::Status { status, code: None }.class().is_retried(), "{status}");
         }
         let created = Answer::Created {
             label_id: "L1".into(),
             replayed: true,
         };
+        assert_eq!(created.class(), AnswerClass::Done { replayed: true });
         assert_eq!(created.kind(), "201_replayed");
         let busy = Answer::Status {
             status: 503,
@@ -1079,27 +1013,32 @@ mod tests {
     }
 
     #[test]
-    fn the_retry_quota_runs_dry_under_failures_and_refills_with_successes() {
-        let quota = RetryQuota::default();
+    fn the_polite_profile_spends_a_budget_and_waits_retry_after_and_the_aggressive_one_neither() {
+        let polite = settings(&["--backoff-base-ms", "10", "--backoff-cap-ms", "70"]);
+        assert_eq!(polite.budget().tokens(), idem_client::RETRY_BUDGET_TOKENS_DEFAULT);
+        assert_eq!(polite.policy.backoff_ceiling(5), Duration::from_millis(70));
+        let quota = polite.budget();
+        let now = Instant::now();
         let busy = Answer::Status {
             status: 503,
             code: Some("overloaded".into()),
         };
-        let affordable = RETRY_QUOTA_TOKENS_MAX / RETRY_COST_TOKENS;
-        for _ in 0..affordable {
-            assert_eq!(quota.take(&busy), Some(RETRY_COST_TOKENS));
-        }
-        assert_eq!(quota.take(&busy), None, "an empty quota pays for no retry");
-        assert_eq!(quota.refused(), 1);
-        // A success after two retries gives their cost back.
-        quota.refund(2 * RETRY_COST_TOKENS);
-        assert_eq!(quota.take(&Answer::Timeout), Some(RETRY_TIMEOUT_COST_TOKENS));
-        assert_eq!(quota.take(&busy), None);
-        // First-try successes refill it slowly.
-        for _ in 0..RETRY_COST_TOKENS {
-            quota.refund(0);
-        }
-        assert_eq!(quota.take(&busy), Some(RETRY_COST_TOKENS));
+        let told = Some(RetryAfter::Seconds(2));
+        let mut retry = IntentRetry::new(&polite.policy, &quota, now);
+        retry.next_attempt(now).unwrap();
+        let Step::Retry { pause } = retry.after(&busy.class(), told, now, SystemTime::now()) else {
+            panic!("a 503 is retried");
+        };
+        assert!(pause >= Duration::from_secs(2), "{pause:?}");
+        let aggressive = settings(&["--client-profile", "aggressive"]);
+        assert_eq!(aggressive.budget().tokens(), u64::MAX, "no budget");
+        let quota = aggressive.budget();
+        let mut retry = IntentRetry::new(&aggressive.policy, &quota, now);
+        retry.next_attempt(now).unwrap();
+        let Step::Retry { pause } = retry.after(&busy.class(), told, now, SystemTime::now()) else {
+            panic!("a 503 is retried");
+        };
+        assert!(pause <= aggressive.backoff_cap, "Retry-After ignored: {pause:?}");
     }
 
     #[test]
@@ -1114,21 +1053,6 @@ mod tests {
             assert_ne!(instance_of(index, 0, 1, 3), instance_of(index, 1, 1, 3));
         }
         assert_eq!(instance_of(7, 1, 4, 1), 0);
-    }
-
-    #[test]
-    fn retry_after_is_read_in_seconds_and_capped() {
-        let mut headers = reqwest::header::HeaderMap::new();
-        assert_eq!(retry_after(&headers), None);
-        headers.insert(reqwest::header::RETRY_AFTER, "2".parse().unwrap());
-        assert_eq!(retry_after(&headers), Some(Duration::from_secs(2)));
-        headers.insert(reqwest::header::RETRY_AFTER, "86400".parse().unwrap());
-        assert_eq!(retry_after(&headers), Some(Duration::from_secs(RETRY_AFTER_S_MAX)));
-        headers.insert(
-            reqwest::header::RETRY_AFTER,
-            "Wed, 21 Oct 2015 07:28:00 GMT".parse().unwrap(),
-        );
-        assert_eq!(retry_after(&headers), None);
     }
 
     #[test]
