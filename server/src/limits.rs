@@ -4,6 +4,7 @@
 
 use crate::admission::{Admission, AdmissionConfig, Worker};
 use crate::error::ApiError;
+use idem_http::{RequestDeadline, request_timeout_ms};
 use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -80,6 +81,7 @@ pub async fn shed_overload(State(limits): State<Limits>, mut request: Request, n
     let Ok(permit) = limits.in_flight.clone().try_acquire_owned() else {
         return ApiError::Overloaded {
             retry_after_s: limits.retry_after_s,
+            retry_after_ms: None,
         }
         .into_response();
     };
@@ -95,14 +97,28 @@ pub async fn shed_overload(State(limits): State<Limits>, mut request: Request, n
     response
 }
 
-/// Answers 503 `request_timeout` when the budget runs out. Idempotent work
-/// runs in its own task and is not cut off: it finishes and saves its
-/// answer, which the caller's retry with the same key then gets.
-pub async fn request_timeout(State(limits): State<Limits>, request: Request, next: Next) -> Response {
-    match tokio::time::timeout(limits.request_timeout, next.run(request)).await {
+/// Gives the request its deadline: the client's `Request-Timeout-Ms`
+/// (idem-http's [`RequestDeadline`], docs/design.md#deadlines) within the
+/// server's own budget, and answers 503 `request_timeout` when it passes.
+/// Idempotent work runs in its own task and is not cut off: it finishes and
+/// saves its answer, which the caller's retry with the same key then gets.
+pub async fn request_timeout(State(limits): State<Limits>, mut request: Request, next: Next) -> Response {
+    let timeout = match request_timeout_ms(request.headers()) {
+        Ok(Some(client_ms)) => limits.request_timeout.min(Duration::from_millis(client_ms)),
+        Ok(None) => limits.request_timeout,
+        Err(invalid) => {
+            return ApiError::InvalidRequest {
+                detail: invalid.to_string(),
+            }
+            .into_response();
+        }
+    };
+    let deadline = RequestDeadline::after(tokio::time::Instant::now(), timeout);
+    request.extensions_mut().insert(deadline);
+    match tokio::time::timeout_at(deadline.0, next.run(request)).await {
         Ok(response) => response,
         Err(_elapsed) => ApiError::RequestTimeout {
-            limit_ms: limits.request_timeout.as_millis() as u64,
+            limit_ms: timeout.as_millis() as u64,
             retry_after_s: limits.retry_after_s,
         }
         .into_response(),

@@ -220,7 +220,11 @@ fn register_requests_at_zero() {
     let retry_after_s = 1;
     for error in [
         ApiError::store_unavailable(retry_after_s),
-        ApiError::Overloaded { retry_after_s },
+        ApiError::Overloaded {
+            retry_after_s,
+            retry_after_ms: None,
+        },
+        ApiError::from(idem_http::IdempotencyError::DeadlineExceeded { retry_after_s }),
         ApiError::RequestTimeout {
             limit_ms: 0,
             retry_after_s,

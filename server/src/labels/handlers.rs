@@ -21,6 +21,7 @@ use axum::Json;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Response};
+use idem_http::{DEADLINE_EXCEEDED_RETRY_AFTER_S, IdempotencyError, RequestDeadline};
 use store_core::HeldLease;
 
 /// Create a shipping label, once per idempotency key.
@@ -71,6 +72,7 @@ pub async fn create_label(
     State(state): State<AppState>,
     trace: TraceContext,
     seat: WorkerSeat,
+    deadline: Option<RequestDeadline>,
     attempt: Attempt,
     body: Bytes,
 ) -> Response {
@@ -99,14 +101,25 @@ pub async fn create_label(
                 .await;
         }
     }
+    // A purchase nobody waits for is not started: the key is free again
+    // for the retry at once (docs/design.md#deadlines).
+    if deadline.is_some_and(|deadline| deadline.has_passed()) {
+        let answer = ApiError::from(IdempotencyError::DeadlineExceeded {
+            retry_after_s: DEADLINE_EXCEEDED_RETRY_AFTER_S,
+        });
+        return attempt.release(answer.into_response()).await;
+    }
     let traceparent = trace.traceparent();
     // The carrier call needs neither this service's CPU nor its store: the
     // admission worker waits it out elsewhere (docs/design.md#admission).
+    // It ends by the client's deadline: an unknown outcome then releases
+    // the lease like any other.
     let outcome = seat
         .set_aside_while(state.carrier.buy_traced(
             &carrier_key(&lease.caller, request.parcel()),
             &CarrierLabelRequest::from(&request),
             Some(&traceparent),
+            deadline.map(|deadline| deadline.remaining()),
         ))
         .await;
     match outcome {
