@@ -115,7 +115,10 @@ mod tests {
     fn a_whole_number_of_milliseconds_in_range_is_read_and_anything_else_refused() {
         assert_eq!(request_timeout_ms(&headers(&[])), Ok(None));
         assert_eq!(request_timeout_ms(&headers(&["250"])), Ok(Some(250)));
-        assert_eq!(request_timeout_ms(&headers(&["3600000"])), Ok(Some(REQUEST_TIMEOUT_MS_MAX)));
+        assert_eq!(
+            request_timeout_ms(&headers(&["3600000"])),
+            Ok(Some(REQUEST_TIMEOUT_MS_MAX))
+        );
         for refused in ["0", "3600001", "", "-5", "2.5", "250ms", " 250", "99999999999999999999"] {
             assert!(
                 request_timeout_ms(&headers(&[refused])).is_err(),

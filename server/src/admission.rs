@@ -32,13 +32,13 @@
 
 use crate::auth::Caller;
 use crate::error::ApiError;
-use idem_http::{IdempotencyError, RequestDeadline};
 use crate::limits::InFlightSlot;
 use crate::metrics::{ADMISSION_QUEUE_WAITING, ADMISSION_SHED_TOTAL, ADMISSION_WORKERS_BORROWED_TOTAL};
 use axum::extract::{Request, State};
 use axum::http::Extensions;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use idem_http::{IdempotencyError, RequestDeadline};
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -160,7 +160,11 @@ impl Codel {
 
     /// The longest a request arriving at `now` may wait.
     pub fn wait_allowed(&self, now: Instant) -> Duration {
-        if self.is_standing(now) { self.target } else { self.interval }
+        if self.is_standing(now) {
+            self.target
+        } else {
+            self.interval
+        }
     }
 }
 
@@ -225,12 +229,8 @@ impl Drop for CallerShare {
 #[derive(Debug)]
 enum Held {
     Vacant,
-    Taken {
-        _share: CallerShare,
-    },
-    Borrowed {
-        _share: CallerShare,
-    },
+    Taken { _share: CallerShare },
+    Borrowed { _share: CallerShare },
 }
 
 /// One request's place among the workers, for the request's whole life: it
@@ -978,7 +978,11 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_queue_that_still_empties_serves_the_oldest_first_and_a_standing_one_the_newest() {
-        assert_eq!(next_served_of_two_waiters(false).await, (true, false), "first come, first served");
+        assert_eq!(
+            next_served_of_two_waiters(false).await,
+            (true, false),
+            "first come, first served"
+        );
         assert_eq!(
             next_served_of_two_waiters(true).await,
             (false, true),

@@ -4,10 +4,10 @@
 
 use crate::admission::{Admission, AdmissionConfig, Worker};
 use crate::error::ApiError;
-use idem_http::{RequestDeadline, request_timeout_ms};
 use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use idem_http::{RequestDeadline, request_timeout_ms};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};

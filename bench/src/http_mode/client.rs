@@ -38,6 +38,10 @@ pub const RESPONSE_BYTES_MAX: usize = 64 * 1024;
 pub const ATTEMPTS_LIMIT: u32 = 100;
 /// Idle keep-alive connections kept to the server.
 const IDLE_CONNECTIONS_MAX: usize = 4_096;
+/// The request header carrying the attempt's remaining deadline.
+const REQUEST_TIMEOUT_MS_HEADER: &str = "request-timeout-ms";
+/// The response header with a finer retry hint than `Retry-After`.
+const RETRY_AFTER_MS_HEADER: &str = "retry-after-ms";
 /// Longest `Retry-After` the client honours; a longer one is cut to this.
 pub const RETRY_AFTER_S_MAX: u64 = 30;
 
@@ -797,6 +801,9 @@ impl IntentCopy {
             .bearer_auth(&self.settings.token)
             .header("idempotency-key", key)
             .header("content-type", "application/json")
+            // The time this attempt will still wait, so the server starts
+            // no work for it past then (docs/design.md#deadlines).
+            .header(REQUEST_TIMEOUT_MS_HEADER, deadline.as_millis().max(1) as u64)
             .body(body.to_vec());
         if let Some(wait_s) = wait_s {
             request = request.header(PREFER_HEADER, format!("wait={wait_s}"));
@@ -847,9 +854,18 @@ fn instance_of(index: u64, copy_number: u32, attempt: u32, instances: usize) -> 
     (position % instances.max(1) as u64) as usize
 }
 
-/// `Retry-After` in delay-seconds (the only form the Label service sends),
-/// capped at [`RETRY_AFTER_S_MAX`]; anything else is ignored.
+/// The server's `Retry-After-Ms` when it sent one (finer, for a stall that
+/// clears in less than a second), else `Retry-After` in delay-seconds (the
+/// only form the Label service sends); capped at [`RETRY_AFTER_S_MAX`];
+/// anything else is ignored.
 fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
+    let milliseconds = headers
+        .get(RETRY_AFTER_MS_HEADER)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|text| text.trim().parse::<u64>().ok());
+    if let Some(milliseconds) = milliseconds {
+        return Some(Duration::from_millis(milliseconds.min(RETRY_AFTER_S_MAX * 1_000)));
+    }
     let seconds: u64 = headers
         .get(reqwest::header::RETRY_AFTER)?
         .to_str()
@@ -1114,6 +1130,22 @@ mod tests {
             assert_ne!(instance_of(index, 0, 1, 3), instance_of(index, 1, 1, 3));
         }
         assert_eq!(instance_of(7, 1, 4, 1), 0);
+    }
+
+    #[test]
+    fn retry_after_ms_wins_over_retry_after_and_is_capped() {
+        let mut headers = reqwest::header::HeaderMap::new();
+        headers.insert(reqwest::header::RETRY_AFTER, "1".parse().unwrap());
+        headers.insert(RETRY_AFTER_MS_HEADER, "100".parse().unwrap());
+        assert_eq!(retry_after(&headers), Some(Duration::from_millis(100)));
+        headers.insert(RETRY_AFTER_MS_HEADER, "999999999".parse().unwrap());
+        assert_eq!(retry_after(&headers), Some(Duration::from_secs(RETRY_AFTER_S_MAX)));
+        headers.insert(RETRY_AFTER_MS_HEADER, "soon".parse().unwrap());
+        assert_eq!(
+            retry_after(&headers),
+            Some(Duration::from_secs(1)),
+            "malformed: Retry-After"
+        );
     }
 
     #[test]

@@ -47,7 +47,10 @@ async fn service(
 }
 
 async fn purchases(http: &reqwest::Client, carrier: &ServerProcess) -> u64 {
-    read_stats(http, &carrier.url).await.expect("carrier stats").purchases_total
+    read_stats(http, &carrier.url)
+        .await
+        .expect("carrier stats")
+        .purchases_total
 }
 
 /// One worker, held 600 ms by a first request (stalled right after its
