@@ -4,6 +4,7 @@
 
 use crate::admission::{Admission, AdmissionConfig, Worker};
 use crate::error::ApiError;
+use crate::metrics::WORK_DONE_TOTAL;
 use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -55,6 +56,22 @@ pub struct InFlightSlot {
     _permit: Option<Arc<OwnedSemaphorePermit>>,
     /// The admission worker, once admitted.
     _worker: Option<Arc<Worker>>,
+    /// Counts the work when its last holder lets go.
+    _work: Option<Arc<WorkDone>>,
+}
+
+/// Dropped when a request's work ends (with the last clone of its slot):
+/// counts it in [`WORK_DONE_TOTAL`], as work for a client still waiting or
+/// for one whose deadline had passed.
+struct WorkDone {
+    deadline: RequestDeadline,
+}
+
+impl Drop for WorkDone {
+    fn drop(&mut self) {
+        let client = if self.deadline.has_passed() { "gone" } else { "waiting" };
+        metrics::counter!(WORK_DONE_TOTAL, "client" => client).increment(1);
+    }
 }
 
 impl InFlightSlot {
@@ -64,6 +81,15 @@ impl InFlightSlot {
         Self {
             _permit: None,
             _worker: None,
+            _work: None,
+        }
+    }
+
+    /// This slot, counting the request's work against `deadline` when it ends.
+    fn counting_work(self, deadline: RequestDeadline) -> Self {
+        Self {
+            _work: Some(Arc::new(WorkDone { deadline })),
+            ..self
         }
     }
 
@@ -88,6 +114,7 @@ pub async fn shed_overload(State(limits): State<Limits>, mut request: Request, n
     let slot = InFlightSlot {
         _permit: Some(Arc::new(permit)),
         _worker: None,
+        _work: None,
     };
     request.extensions_mut().insert(slot.clone());
     // Held here too: a handler may drop the request (and its extensions)
@@ -115,6 +142,9 @@ pub async fn request_timeout(State(limits): State<Limits>, mut request: Request,
     };
     let deadline = RequestDeadline::after(tokio::time::Instant::now(), timeout);
     request.extensions_mut().insert(deadline);
+    if let Some(slot) = request.extensions_mut().remove::<InFlightSlot>() {
+        request.extensions_mut().insert(slot.counting_work(deadline));
+    }
     match tokio::time::timeout_at(deadline.0, next.run(request)).await {
         Ok(response) => response,
         Err(_elapsed) => ApiError::RequestTimeout {

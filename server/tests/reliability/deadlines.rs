@@ -5,7 +5,9 @@
 
 use crate::support::backends::{BackendSetup, pair};
 use crate::support::process::{ServerProcess, start_carrier, start_server};
-use crate::support::{ALICE, ALICE_ID, Reply, callers_env, client, derived_key, label_body, unique_order_id};
+use crate::support::{
+    ALICE, ALICE_ID, Reply, callers_env, client, derived_key, label_body, metric_value, metrics_text, unique_order_id,
+};
 use server::carrier::read_stats;
 use server::config::StoreKind;
 use std::time::Duration;
@@ -125,5 +127,10 @@ async fn a_deadline_that_passes_during_the_carrier_call_releases_the_lease() {
     let patient = post(&http, &service.url, &key, &body, None).await;
     assert_eq!(patient.status, 201, "{}", patient.text());
     assert_eq!(purchases(&http, &carrier).await, 1, "one purchase for the parcel");
+    // The first attempt's work outlived its client; the second's (the
+    // carrier answered "in progress" at once) and the patient one's did not.
+    let metrics = metrics_text(&http, &service.url).await;
+    let done_for = |client: &str| metric_value(&metrics, "idem_work_done_total", &[&format!("client=\"{client}\"")]);
+    assert_eq!((done_for("gone"), done_for("waiting")), (1.0, 2.0), "{metrics}");
     service.kill().await;
 }
