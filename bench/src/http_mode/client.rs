@@ -409,6 +409,8 @@ pub struct TimelineSecond {
     /// Latency of admitted attempts, in microseconds.
     pub admitted: Histogram<u64>,
     pub shed: u64,
+    /// Attempts answered with a label (first run or replay).
+    pub labelled: u64,
 }
 
 /// Longest attempt latency the timeline records, in microseconds; longer
@@ -427,6 +429,11 @@ impl Default for AttemptTimeline {
 }
 
 impl AttemptTimeline {
+    /// When second 0 began.
+    pub fn start(&self) -> Instant {
+        self.start
+    }
+
     /// Seconds since the client started, at `at`.
     pub fn second_of(&self, at: Instant) -> usize {
         at.saturating_duration_since(self.start).as_secs() as usize
@@ -442,9 +449,16 @@ impl AttemptTimeline {
             let Ok(admitted) = Histogram::new_with_max(TIMELINE_LATENCY_US_MAX, 3) else {
                 return;
             };
-            seconds.push(TimelineSecond { admitted, shed: 0 });
+            seconds.push(TimelineSecond {
+                admitted,
+                shed: 0,
+                labelled: 0,
+            });
         }
         let bucket = &mut seconds[second];
+        if matches!(answer, Answer::Created { .. }) {
+            bucket.labelled += 1;
+        }
         if matches!(answer, Answer::Status { status: 503, code: Some(code) } if code == "overloaded") {
             bucket.shed += 1;
         } else {
