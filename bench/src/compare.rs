@@ -102,7 +102,10 @@ pub async fn full(args: &CompareArgs, seed: u64, report: &mut Report) -> Result<
         keep_http(report, &mut passed, ramp);
         let mut overload = HttpRun::for_compare(args, backend, seed);
         overload.plan.rate_per_s = capacity;
-        overload.overload_phase = Some(Duration::from_secs(args.phase_s));
+        overload.phases = Some((
+            crate::http_mode::overload::overload_phases(Duration::from_secs(args.phase_s)),
+            false,
+        ));
         if let Some(overload) = http_run(report, args, RUN_OVERLOAD, backend, overload).await? {
             keep_http(report, &mut passed, overload);
         }

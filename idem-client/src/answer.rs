@@ -22,6 +22,13 @@ pub const REPLAYED_HEADER: &str = "idempotent-replayed";
 pub const PREFER_HEADER: &str = "prefer";
 /// The answer's header naming the preferences the server honoured.
 pub const PREFERENCE_APPLIED_HEADER: &str = "preference-applied";
+/// The request header telling the server how long this attempt will still
+/// wait, in milliseconds (the Label service starts no work past it).
+pub const REQUEST_TIMEOUT_MS_HEADER: &str = "request-timeout-ms";
+/// The answer's finer retry hint, in milliseconds (Azure's
+/// `retry-after-ms`): read before `Retry-After`, which the server always
+/// sends beside it.
+pub const RETRY_AFTER_MS_HEADER: &str = "retry-after-ms";
 
 /// One attempt's answer, classified.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -114,6 +121,8 @@ pub fn wait_was_applied(headers: &HeaderMap) -> bool {
 /// A `Retry-After` value, as the server sent it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RetryAfter {
+    /// `Retry-After-Ms`: milliseconds.
+    Milliseconds(u64),
     /// Delay-seconds.
     Seconds(u64),
     /// An HTTP date.
@@ -121,9 +130,17 @@ pub enum RetryAfter {
 }
 
 impl RetryAfter {
-    /// Reads `Retry-After` from an answer's headers; `None` when it is
-    /// absent or neither form.
+    /// Reads `Retry-After-Ms` (whole milliseconds) from an answer's
+    /// headers, else `Retry-After`; `None` when both are absent or
+    /// malformed.
     pub fn from_headers(headers: &HeaderMap) -> Option<Self> {
+        let milliseconds = headers
+            .get(RETRY_AFTER_MS_HEADER)
+            .and_then(|value| value.to_str().ok())
+            .and_then(|text| text.trim().parse::<u64>().ok());
+        if let Some(milliseconds) = milliseconds {
+            return Some(RetryAfter::Milliseconds(milliseconds));
+        }
         let text = headers.get(reqwest::header::RETRY_AFTER)?.to_str().ok()?.trim();
         Self::parse(text)
     }
@@ -140,6 +157,7 @@ impl RetryAfter {
     /// asks for no wait.
     pub fn delay(&self, wall_now: SystemTime, cap: Duration) -> Duration {
         let delay = match self {
+            RetryAfter::Milliseconds(milliseconds) => Duration::from_millis(*milliseconds),
             RetryAfter::Seconds(seconds) => Duration::from_secs(*seconds),
             RetryAfter::Date(date) => date.duration_since(wall_now).unwrap_or_default(),
         };
@@ -210,6 +228,14 @@ mod tests {
         assert_eq!(date.delay(now, cap), Duration::from_secs(7));
         assert_eq!(date.delay(now + Duration::from_secs(60), cap), Duration::ZERO, "past");
         assert_eq!(RetryAfter::parse("soon"), None);
+        // The finer hint wins, and is capped like the others; a malformed
+        // one leaves Retry-After.
+        headers.insert(RETRY_AFTER_MS_HEADER, "100".parse().unwrap());
+        let milliseconds = RetryAfter::from_headers(&headers).unwrap();
+        assert_eq!(milliseconds.delay(now, cap), Duration::from_millis(100));
+        assert_eq!(RetryAfter::Milliseconds(999_999_999).delay(now, cap), cap);
+        headers.insert(RETRY_AFTER_MS_HEADER, "soon".parse().unwrap());
+        assert_eq!(RetryAfter::from_headers(&headers), Some(date));
         assert_eq!(RetryAfter::parse("-1"), None);
     }
 }

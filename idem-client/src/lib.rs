@@ -37,7 +37,8 @@ mod policy;
 mod retry;
 
 pub use answer::{
-    AnswerClass, PREFER_HEADER, PREFERENCE_APPLIED_HEADER, REPLAYED_HEADER, RetryAfter, is_replayed, wait_was_applied,
+    AnswerClass, PREFER_HEADER, PREFERENCE_APPLIED_HEADER, REPLAYED_HEADER, REQUEST_TIMEOUT_MS_HEADER,
+    RETRY_AFTER_MS_HEADER, RetryAfter, is_replayed, wait_was_applied,
 };
 pub use budget::{
     BudgetError, RETRY_BUDGET_TOKENS_DEFAULT, RETRY_BUDGET_TOKENS_LIMIT, RETRY_COST_TOKENS, RETRY_TIMEOUT_COST_TOKENS,

@@ -30,7 +30,7 @@
 //! twice. So is one whose body cannot be sent again (a stream). A header
 //! that names no valid key fails the request before anything is sent.
 
-use crate::answer::{AnswerClass, PREFER_HEADER, RetryAfter, wait_was_applied};
+use crate::answer::{AnswerClass, PREFER_HEADER, REQUEST_TIMEOUT_MS_HEADER, RetryAfter, wait_was_applied};
 use crate::budget::RetryBudget;
 use crate::clock::{Clock, SystemClock};
 use crate::key::IntentKey;
@@ -202,10 +202,15 @@ impl Answer {
 }
 
 /// The request for one attempt: the same key and body, the attempt's
-/// deadline, and `Prefer: wait` on a retry that asks for it.
+/// deadline (also told to the server in `Request-Timeout-Ms`, so it starts
+/// no work past it), and `Prefer: wait` on a retry that asks for it.
 fn attempt_request(request: &Request, plan: &AttemptPlan) -> Result<Request> {
     let mut attempt = request.try_clone().ok_or_else(|| Error::middleware(NotResendable))?;
     *attempt.timeout_mut() = Some(plan.timeout);
+    let timeout_ms = u64::try_from(plan.timeout.as_millis()).unwrap_or(u64::MAX).max(1);
+    attempt
+        .headers_mut()
+        .insert(REQUEST_TIMEOUT_MS_HEADER, HeaderValue::from(timeout_ms));
     if let Some(wait) = plan.prefer_wait {
         attempt.headers_mut().append(PREFER_HEADER, prefer_wait_value(wait));
     }

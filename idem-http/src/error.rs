@@ -65,6 +65,14 @@ pub enum IdempotencyError {
         /// Seconds to wait before retrying.
         retry_after_s: u64,
     },
+    /// The request's deadline ([`crate::RequestDeadline`]) passed before its
+    /// work started: nothing was claimed or done. 503 `deadline_exceeded`,
+    /// with `Retry-After`; its client has most likely given up already.
+    #[error("the request's deadline passed before its work started; nothing was done. Retry with the same key")]
+    DeadlineExceeded {
+        /// Seconds to wait before retrying.
+        retry_after_s: u64,
+    },
     /// The stored record of this key cannot be decoded: 500
     /// `record_unreadable`. Retrying will not help until an operator
     /// deletes the record.
@@ -98,6 +106,7 @@ impl IdempotencyError {
             IdempotencyError::RequestInProgress { .. } => "request_in_progress",
             IdempotencyError::KeyReused => "idempotency_key_reused",
             IdempotencyError::StoreUnavailable { .. } => "store_unavailable",
+            IdempotencyError::DeadlineExceeded { .. } => "deadline_exceeded",
             IdempotencyError::RecordUnreadable => "record_unreadable",
             IdempotencyError::ResponseNotSaved { .. } => "response_not_saved",
             IdempotencyError::Internal(_) => "internal_error",
@@ -113,7 +122,9 @@ impl IdempotencyError {
             IdempotencyError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             IdempotencyError::RequestInProgress { .. } => StatusCode::CONFLICT,
             IdempotencyError::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
-            IdempotencyError::StoreUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            IdempotencyError::StoreUnavailable { .. } | IdempotencyError::DeadlineExceeded { .. } => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             IdempotencyError::RecordUnreadable
             | IdempotencyError::ResponseNotSaved { .. }
             | IdempotencyError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -124,7 +135,8 @@ impl IdempotencyError {
     pub fn retry_after_s(&self) -> Option<u64> {
         match self {
             IdempotencyError::RequestInProgress { retry_after_s }
-            | IdempotencyError::StoreUnavailable { retry_after_s } => Some(*retry_after_s),
+            | IdempotencyError::StoreUnavailable { retry_after_s }
+            | IdempotencyError::DeadlineExceeded { retry_after_s } => Some(*retry_after_s),
             _ => None,
         }
     }
@@ -139,6 +151,7 @@ impl IdempotencyError {
             IdempotencyError::RequestInProgress { .. } => "Request in progress",
             IdempotencyError::KeyReused => "Idempotency-Key reused",
             IdempotencyError::StoreUnavailable { .. } => "Store unavailable",
+            IdempotencyError::DeadlineExceeded { .. } => "Deadline exceeded",
             IdempotencyError::RecordUnreadable => "Record unreadable",
             IdempotencyError::ResponseNotSaved { .. } => "Response not saved",
             IdempotencyError::Internal(_) => "Internal error",
@@ -319,6 +332,12 @@ mod tests {
                 503,
                 "store_unavailable",
                 Some(2),
+            ),
+            (
+                IdempotencyError::DeadlineExceeded { retry_after_s: 1 },
+                503,
+                "deadline_exceeded",
+                Some(1),
             ),
             (IdempotencyError::RecordUnreadable, 500, "record_unreadable", None),
             (

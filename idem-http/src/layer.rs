@@ -31,6 +31,7 @@
 //! work in flight) until it ends.
 
 use crate::attempt::{Attempt, PendingAttempt};
+use crate::deadline::RequestDeadline;
 use crate::error::IdempotencyError;
 use crate::idempotency::{Begun, Idempotency, WorkGuard};
 use crate::key_header::idempotency_key;
@@ -236,6 +237,12 @@ async fn claim(
         request,
         wait_s,
     } = prepared;
+    // No work is started for a client that has stopped waiting: not even
+    // the claim (docs/design.md#deadlines).
+    let deadline = request.extensions().get::<RequestDeadline>().copied();
+    if deadline.is_some_and(|deadline| deadline.has_passed()) {
+        return (Err(deadline_exceeded()), None, guards);
+    }
     let claimed = |begun: Begun| match begun {
         Begun::Replay(response) => Claimed::Answer(response),
         Begun::Acquired(attempt) => Claimed::Run(Box::new((attempt, request))),
@@ -280,11 +287,30 @@ async fn regain_work_guards(
         answered => return (answered, WorkGuards::new()),
     };
     let (attempt, request) = *run;
+    // The wait may have outlasted the client: then the key goes to the next
+    // waiter or retry at once, and nothing runs for this one.
+    let deadline = request.extensions().get::<RequestDeadline>().copied();
+    if deadline.is_some_and(|deadline| deadline.has_passed()) {
+        let answer = attempt.release(idempotency.render(deadline_exceeded())).await;
+        return (Ok(Claimed::Answer(answer)), WorkGuards::new());
+    }
     match idempotency.regain_work_guards(request.extensions()).await {
         Ok(guards) => (Ok(Claimed::Run(Box::new((attempt, request)))), guards),
         Err(refusal) => (Ok(Claimed::Answer(attempt.release(refusal).await)), WorkGuards::new()),
     }
 }
+
+/// The answer to a request whose deadline passed before its work started:
+/// its client has given up, so the `Retry-After` only paces a client that
+/// has not.
+fn deadline_exceeded() -> IdempotencyError {
+    IdempotencyError::DeadlineExceeded {
+        retry_after_s: DEADLINE_EXCEEDED_RETRY_AFTER_S,
+    }
+}
+
+/// `Retry-After` of a `deadline_exceeded` answer.
+pub const DEADLINE_EXCEEDED_RETRY_AFTER_S: u64 = 1;
 
 /// Most bytes of an oversized body read and discarded before answering 413.
 /// A server that answers without reading the body closes the connection

@@ -76,6 +76,7 @@
 
 mod attempt;
 mod caller;
+pub mod deadline;
 pub mod error;
 mod idempotency;
 pub mod key_header;
@@ -87,12 +88,15 @@ pub mod saved;
 
 pub use attempt::{Attempt, COMPLETE_RESEND_BACKOFF_MS, COMPLETE_SENDS_MAX, PendingAttempt};
 pub use caller::{CallerFromExtension, CallerIdentity, SingleCaller};
+pub use deadline::{REQUEST_TIMEOUT_MS_HEADER, RequestDeadline, RequestTimeoutInvalid, request_timeout_ms};
 pub use error::{IdempotencyError, Outcome, PROBLEM_JSON, Problem, ProblemJson, RenderError, retry_after_seconds};
 pub use idempotency::{
     Begun, CLAIM_RESEND_BACKOFF_MS, CLAIM_SENDS_MAX, Idempotency, IdempotencyBuilder, ORPHAN_RELEASE_BACKOFF_MS,
     ORPHAN_RELEASES_MAX, STORE_RETRY_AFTER_S_DEFAULT, STORE_RETRY_AFTER_S_MAX, WAIT_CAP_S_DEFAULT, WAIT_CAP_S_MAX,
 };
-pub use layer::{BODY_DRAIN_BYTES_MAX, BODY_DRAIN_MS_MAX, IdempotencyLayer, IdempotencyService};
+pub use layer::{
+    BODY_DRAIN_BYTES_MAX, BODY_DRAIN_MS_MAX, DEADLINE_EXCEEDED_RETRY_AFTER_S, IdempotencyLayer, IdempotencyService,
+};
 pub use policy::{Disposition, FinishPolicy, REFUSED_BEFORE_RUNNING_STATUSES, TRANSIENT_STATUSES};
 pub use prefer::{PREFER_HEADER, PREFERENCE_APPLIED_HEADER, prefer_wait_seconds};
 pub use saved::REPLAYED_HEADER;

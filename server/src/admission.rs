@@ -38,12 +38,13 @@ use axum::extract::{Request, State};
 use axum::http::Extensions;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use std::collections::HashMap;
+use idem_http::{IdempotencyError, RequestDeadline};
+use std::collections::{HashMap, VecDeque};
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 /// Requests served at once. Work past it waits in the admission queue. On
@@ -143,12 +144,23 @@ impl Codel {
             .fetch_max(self.since_epoch_ms(now), Ordering::Relaxed);
     }
 
-    /// The longest a request arriving at `now` may wait.
-    pub fn wait_allowed(&self, now: Instant) -> Duration {
+    /// Whether the queue has stood (not been empty) for a whole interval
+    /// at `now`: the sign of overload, not of a burst.
+    pub fn is_standing(&self, now: Instant) -> bool {
         let since_empty_ms = self
             .since_epoch_ms(now)
             .saturating_sub(self.last_empty_ms.load(Ordering::Relaxed));
-        if Duration::from_millis(since_empty_ms) > self.interval {
+        Duration::from_millis(since_empty_ms) > self.interval
+    }
+
+    /// The interval, in milliseconds.
+    pub fn interval_ms(&self) -> u64 {
+        u64::try_from(self.interval.as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// The longest a request arriving at `now` may wait.
+    pub fn wait_allowed(&self, now: Instant) -> Duration {
+        if self.is_standing(now) {
             self.target
         } else {
             self.interval
@@ -217,13 +229,8 @@ impl Drop for CallerShare {
 #[derive(Debug)]
 enum Held {
     Vacant,
-    Taken {
-        permit: OwnedSemaphorePermit,
-        _share: CallerShare,
-    },
-    Borrowed {
-        _share: CallerShare,
-    },
+    Taken { _share: CallerShare },
+    Borrowed { _share: CallerShare },
 }
 
 /// One request's place among the workers, for the request's whole life: it
@@ -234,14 +241,18 @@ enum Held {
 struct Seat {
     admission: Admission,
     caller: String,
+    /// The request's deadline ([`idem_http::RequestDeadline`]): it never
+    /// waits for a worker past it.
+    deadline: Option<Instant>,
     held: Mutex<Held>,
 }
 
 impl Seat {
-    fn new(admission: Admission, caller: String) -> Arc<Self> {
+    fn new(admission: Admission, caller: String, deadline: Option<Instant>) -> Arc<Self> {
         Arc::new(Self {
             admission,
             caller,
+            deadline,
             held: Mutex::new(Held::Vacant),
         })
     }
@@ -332,10 +343,12 @@ pub enum Shed {
     QueueFull,
     /// Its caller already held its share of the workers.
     CallerShare,
+    /// Its deadline passed, or would have before a worker was free.
+    Deadline,
 }
 
 /// Every [`Shed`], for registering the metric at zero.
-pub const SHED_REASONS: [Shed; 3] = [Shed::QueueDelay, Shed::QueueFull, Shed::CallerShare];
+pub const SHED_REASONS: [Shed; 4] = [Shed::QueueDelay, Shed::QueueFull, Shed::CallerShare, Shed::Deadline];
 
 impl Shed {
     pub fn label(self) -> &'static str {
@@ -343,6 +356,7 @@ impl Shed {
             Shed::QueueDelay => "queue_delay",
             Shed::QueueFull => "queue_full",
             Shed::CallerShare => "caller_share",
+            Shed::Deadline => "deadline",
         }
     }
 }
@@ -350,70 +364,39 @@ impl Shed {
 /// The admission controller shared by every request.
 #[derive(Debug, Clone)]
 pub struct Admission {
-    workers: Arc<Semaphore>,
-    workers_total: usize,
-    /// Workers borrowed ahead of the pool ([`WorkerSeat::set_aside_while`])
-    /// and not yet repaid: as many workers given back next are kept out of
-    /// the pool. Keeps `free + taken + borrowed - unrepaid = workers_total`.
-    borrowed_unrepaid: Arc<AtomicUsize>,
-    queue_max: usize,
-    waiting: Arc<AtomicUsize>,
-    codel: Arc<Codel>,
+    pool: Arc<WorkerPool>,
     shares: Arc<CallerShares>,
 }
 
 impl Admission {
     pub fn new(config: &AdmissionConfig) -> Self {
         Self {
-            workers: Arc::new(Semaphore::new(config.workers())),
-            workers_total: config.workers(),
-            borrowed_unrepaid: Arc::new(AtomicUsize::new(0)),
-            queue_max: config.queue_max,
-            waiting: Arc::new(AtomicUsize::new(0)),
-            codel: Arc::new(Codel::new(
-                Duration::from_millis(config.target_ms),
-                Duration::from_millis(config.interval_ms),
-                Instant::now(),
-            )),
+            pool: Arc::new(WorkerPool::new(config)),
             shares: Arc::new(CallerShares::default()),
         }
     }
 
     /// A worker for `caller`, waiting at most as long as CoDel allows.
     pub async fn admit(&self, caller: &str) -> Result<Worker, Shed> {
-        self.admit_into(Seat::new(self.clone(), caller.to_owned())).await
+        self.admit_into(Seat::new(self.clone(), caller.to_owned(), None)).await
     }
 
     async fn admit_into(&self, seat: Arc<Seat>) -> Result<Worker, Shed> {
-        seat.hold(self.take(&seat.caller).await?);
+        seat.hold(self.take(&seat.caller, seat.deadline).await?);
         Ok(Worker { seat })
     }
 
-    async fn take(&self, caller: &str) -> Result<Held, Shed> {
-        if let Ok(permit) = self.workers.clone().try_acquire_owned() {
-            self.codel.saw_empty(Instant::now());
+    async fn take(&self, caller: &str, deadline: Option<Instant>) -> Result<Held, Shed> {
+        if self.pool.try_take(Instant::now()) {
             let share = self.shares.take_always(caller);
-            return Ok(Held::Taken { permit, _share: share });
+            return Ok(Held::Taken { _share: share });
         }
         let share = self
             .shares
-            .take(caller, self.workers_total, true)
+            .take(caller, self.pool.workers_total, true)
             .ok_or(Shed::CallerShare)?;
-        let permit = self.wait_for_worker().await?;
-        Ok(Held::Taken { permit, _share: share })
-    }
-
-    async fn wait_for_worker(&self) -> Result<OwnedSemaphorePermit, Shed> {
-        let waiting = QueuePlace::enter(&self.waiting, self.queue_max).ok_or(Shed::QueueFull)?;
-        let allowed = self.codel.wait_allowed(Instant::now());
-        let acquired = tokio::time::timeout(allowed, self.workers.clone().acquire_owned()).await;
-        drop(waiting);
-        match acquired {
-            Ok(Ok(permit)) => Ok(permit),
-            // The semaphore is never closed; treat it as a full queue.
-            Ok(Err(_closed)) => Err(Shed::QueueFull),
-            Err(_elapsed) => Err(Shed::QueueDelay),
-        }
+        self.pool.wait_for_worker(deadline).await?;
+        Ok(Held::Taken { _share: share })
     }
 
     /// A worker for work coming back from a wait elsewhere, at once: a free
@@ -421,13 +404,11 @@ impl Admission {
     /// taken the next free one).
     fn take_back(&self, caller: &str) -> Held {
         let share = self.shares.take_always(caller);
-        match self.workers.clone().try_acquire_owned() {
-            Ok(permit) => Held::Taken { permit, _share: share },
-            Err(_none_free) => {
-                self.borrowed_unrepaid.fetch_add(1, Ordering::AcqRel);
-                metrics::counter!(ADMISSION_WORKERS_BORROWED_TOTAL).increment(1);
-                Held::Borrowed { _share: share }
-            }
+        if self.pool.take_or_borrow() {
+            Held::Taken { _share: share }
+        } else {
+            metrics::counter!(ADMISSION_WORKERS_BORROWED_TOTAL).increment(1);
+            Held::Borrowed { _share: share }
         }
     }
 
@@ -436,57 +417,273 @@ impl Admission {
     fn give_back(&self, held: Held) {
         match held {
             Held::Vacant => {}
-            Held::Taken { permit, .. } => {
-                if self.settle_one_borrowed() {
-                    permit.forget();
-                }
-            }
-            Held::Borrowed { .. } => {
-                if !self.settle_one_borrowed() {
-                    self.workers.add_permits(1);
-                }
-            }
+            Held::Taken { .. } | Held::Borrowed { .. } => self.pool.give_back(Instant::now()),
         }
     }
 
-    fn settle_one_borrowed(&self) -> bool {
-        self.borrowed_unrepaid
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |unrepaid| unrepaid.checked_sub(1))
-            .is_ok()
+    /// Workers free right now (for tests and the invariant's checks).
+    #[cfg(test)]
+    fn free_workers(&self) -> usize {
+        self.pool.lock().free
+    }
+
+    #[cfg(test)]
+    fn borrowed_unrepaid(&self) -> usize {
+        self.pool.lock().borrowed_unrepaid
     }
 }
 
-/// A place in the admission queue, left on drop.
+/// The workers and the queue for them, under one lock (a few hundred
+/// nanoseconds per request at most; the decisions need the count of free
+/// workers, the debt and the queue to agree).
+///
+/// The queue is CoDel's for how long a request may wait, and adaptive LIFO
+/// for who is served next ("Fail at Scale"; Facebook's request scheduling
+/// uses both): while the queue still empties, the oldest waiter gets the
+/// next worker (first come, first served); once it stands (not empty for a
+/// whole interval, the sign of overload), the newest does, because it is
+/// the one whose client is still waiting. Under a standing queue the oldest
+/// waiters are the likeliest to have been given up on, and serving them
+/// first would spend every worker on answers nobody reads.
+#[derive(Debug)]
+struct WorkerPool {
+    workers_total: usize,
+    queue_max: usize,
+    codel: Codel,
+    state: Mutex<PoolState>,
+}
+
+#[derive(Debug)]
+struct PoolState {
+    free: usize,
+    /// Workers held by requests, taken or borrowed.
+    held: usize,
+    /// Workers borrowed ahead of the pool ([`WorkerSeat::set_aside_while`])
+    /// and not yet repaid: as many workers given back next are kept out of
+    /// the pool. Keeps `free + held - borrowed_unrepaid = workers_total`.
+    borrowed_unrepaid: usize,
+    waiters: VecDeque<Waiter>,
+    next_waiter_id: u64,
+}
+
+/// A request waiting for a worker: the worker is handed over through the
+/// channel, already counted as held.
+#[derive(Debug)]
+struct Waiter {
+    id: u64,
+    handover: oneshot::Sender<()>,
+}
+
+impl WorkerPool {
+    fn new(config: &AdmissionConfig) -> Self {
+        Self {
+            workers_total: config.workers(),
+            queue_max: config.queue_max,
+            codel: Codel::new(
+                Duration::from_millis(config.target_ms),
+                Duration::from_millis(config.interval_ms),
+                Instant::now(),
+            ),
+            state: Mutex::new(PoolState {
+                free: config.workers(),
+                held: 0,
+                borrowed_unrepaid: 0,
+                waiters: VecDeque::new(),
+                next_waiter_id: 0,
+            }),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, PoolState> {
+        // Every update below leaves the state whole before it can panic.
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn check(&self, state: &PoolState) {
+        debug_assert_eq!(
+            state.free + state.held,
+            self.workers_total + state.borrowed_unrepaid,
+            "free + held - borrowed = workers"
+        );
+    }
+
+    /// Takes a free worker if there is one and nobody queues for it.
+    fn try_take(&self, now: Instant) -> bool {
+        let mut state = self.lock();
+        if state.free == 0 {
+            return false;
+        }
+        state.free -= 1;
+        state.held += 1;
+        self.check(&state);
+        drop(state);
+        self.codel.saw_empty(now);
+        true
+    }
+
+    /// A free worker, or one borrowed past the pool; whether it was free.
+    fn take_or_borrow(&self) -> bool {
+        let mut state = self.lock();
+        state.held += 1;
+        let was_free = state.free > 0;
+        if was_free {
+            state.free -= 1;
+        } else {
+            state.borrowed_unrepaid += 1;
+        }
+        self.check(&state);
+        was_free
+    }
+
+    /// A worker ends its work: it repays a borrowed one, or goes to a
+    /// waiter (the oldest, or under a standing queue the newest), or back
+    /// to the pool.
+    fn give_back(&self, now: Instant) {
+        let newest_first = self.codel.is_standing(now);
+        let mut state = self.lock();
+        state.held -= 1;
+        if state.borrowed_unrepaid > 0 {
+            state.borrowed_unrepaid -= 1;
+        } else {
+            Self::hand_over_or_free(&mut state, newest_first);
+        }
+        self.check(&state);
+    }
+
+    /// One worker, not counted as held, to the next waiter still waiting,
+    /// or to the pool.
+    fn hand_over_or_free(state: &mut PoolState, newest_first: bool) {
+        loop {
+            let next = if newest_first {
+                state.waiters.pop_back()
+            } else {
+                state.waiters.pop_front()
+            };
+            let Some(waiter) = next else {
+                state.free += 1;
+                break;
+            };
+            // Counted as held before it is sent: the waiter owns it from
+            // the moment the send succeeds, even if it never reads it.
+            state.held += 1;
+            if waiter.handover.send(()).is_ok() {
+                break;
+            }
+            // Its request was dropped without leaving the queue (it
+            // cannot: see `QueuePlace`'s drop), so this does not happen;
+            // take the worker back and try the next.
+            state.held -= 1;
+        }
+        metrics::gauge!(ADMISSION_QUEUE_WAITING).set(state.waiters.len() as f64);
+    }
+
+    /// Waits for a worker as long as CoDel allows, and never past the
+    /// request's deadline.
+    async fn wait_for_worker(&self, deadline: Option<Instant>) -> Result<(), Shed> {
+        let now = Instant::now();
+        let allowed = self.codel.wait_allowed(now);
+        let until_deadline = deadline.map(|deadline| deadline.saturating_duration_since(now));
+        let (wait, shed) = match until_deadline {
+            Some(remaining) if remaining.is_zero() => return Err(Shed::Deadline),
+            Some(remaining) if remaining < allowed => (remaining, Shed::Deadline),
+            _ => (allowed, Shed::QueueDelay),
+        };
+        let mut place = QueuePlace::enter(self)?;
+        match tokio::time::timeout(wait, &mut place.handover).await {
+            Ok(Ok(())) => {
+                place.admitted = true;
+                Ok(())
+            }
+            // The sender is dropped only after a send; never without one.
+            Ok(Err(_dropped)) => Err(Shed::QueueFull),
+            Err(_elapsed) => place.leave_or_take().then_some(()).ok_or(shed),
+        }
+    }
+}
+
+/// A request's place in the admission queue. Dropped without having been
+/// admitted (shed, or its request cut off), it leaves the queue, and a
+/// worker handed over to it in the meantime goes on to the next waiter.
 struct QueuePlace<'a> {
-    waiting: &'a AtomicUsize,
+    pool: &'a WorkerPool,
+    id: u64,
+    handover: oneshot::Receiver<()>,
+    admitted: bool,
 }
 
 impl<'a> QueuePlace<'a> {
-    fn enter(waiting: &'a AtomicUsize, queue_max: usize) -> Option<Self> {
-        let before = waiting.fetch_add(1, Ordering::AcqRel);
-        if before >= queue_max {
-            waiting.fetch_sub(1, Ordering::AcqRel);
-            return None;
+    fn enter(pool: &'a WorkerPool) -> Result<Self, Shed> {
+        let mut state = pool.lock();
+        if state.waiters.len() >= pool.queue_max {
+            return Err(Shed::QueueFull);
         }
-        metrics::gauge!(ADMISSION_QUEUE_WAITING).set((before + 1) as f64);
-        Some(Self { waiting })
+        let id = state.next_waiter_id;
+        state.next_waiter_id += 1;
+        let (sender, receiver) = oneshot::channel();
+        state.waiters.push_back(Waiter { id, handover: sender });
+        metrics::gauge!(ADMISSION_QUEUE_WAITING).set(state.waiters.len() as f64);
+        Ok(Self {
+            pool,
+            id,
+            handover: receiver,
+            admitted: false,
+        })
+    }
+
+    /// At the end of its wait: whether a worker was handed over just in
+    /// time (then it is taken), else it leaves the queue.
+    fn leave_or_take(&mut self) -> bool {
+        let _state = self.pool.lock();
+        // Under the lock, no hand-over is in progress: either it happened
+        // and the worker is in the channel, or it never will.
+        self.admitted = self.handover.try_recv().is_ok();
+        self.admitted
     }
 }
 
 impl Drop for QueuePlace<'_> {
     fn drop(&mut self) {
-        let after = self.waiting.fetch_sub(1, Ordering::AcqRel) - 1;
-        metrics::gauge!(ADMISSION_QUEUE_WAITING).set(after as f64);
+        if self.admitted {
+            return;
+        }
+        let newest_first = self.pool.codel.is_standing(Instant::now());
+        let mut state = self.pool.lock();
+        if self.handover.try_recv().is_ok() {
+            // Handed over after the request stopped waiting for it.
+            state.held -= 1;
+            WorkerPool::hand_over_or_free(&mut state, newest_first);
+        } else {
+            let id = self.id;
+            state.waiters.retain(|waiter| waiter.id != id);
+            metrics::gauge!(ADMISSION_QUEUE_WAITING).set(state.waiters.len() as f64);
+        }
+        self.pool.check(&state);
     }
 }
 
-/// A worker for `caller`, or the 503 `overloaded` a shed request gets
-/// (counted by reason).
+/// A worker for `caller`, or the 503 a shed request gets (counted by
+/// reason): `deadline_exceeded` when its own deadline was the limit, else
+/// `overloaded`, whose `Retry-After-Ms` fits what was seen. A queue that
+/// still empties (a stall, a burst) is empty again within CoDel's interval,
+/// so a client need not wait a whole `Retry-After` second; a standing queue
+/// is overload, and there the client waits the full `Retry-After`.
 async fn admit_or_shed(seat: Arc<Seat>, retry_after_s: u64) -> Result<Worker, ApiError> {
     let admission = seat.admission.clone();
     admission.admit_into(seat).await.map_err(|shed| {
         metrics::counter!(ADMISSION_SHED_TOTAL, "reason" => shed.label()).increment(1);
-        ApiError::Overloaded { retry_after_s }
+        if shed == Shed::Deadline {
+            return ApiError::from(IdempotencyError::DeadlineExceeded { retry_after_s });
+        }
+        let pool = &admission.pool;
+        let retry_after_ms = if pool.codel.is_standing(Instant::now()) {
+            retry_after_s.saturating_mul(1_000)
+        } else {
+            pool.codel.interval_ms()
+        };
+        ApiError::Overloaded {
+            retry_after_s,
+            retry_after_ms: Some(retry_after_ms),
+        }
     })
 }
 
@@ -506,7 +703,8 @@ pub async fn admit(
         Some(caller) => caller.0.as_str().to_owned(),
         None => String::new(),
     };
-    let seat = Seat::new(admission, caller);
+    let deadline = request.extensions().get::<RequestDeadline>().map(|deadline| deadline.0);
+    let seat = Seat::new(admission, caller, deadline);
     let worker = match admit_or_shed(seat.clone(), retry_after_s).await {
         Ok(worker) => worker,
         Err(shed) => return shed.into_response(),
@@ -653,13 +851,22 @@ mod tests {
     async fn readmission_takes_a_worker_or_is_shed_as_admission_sheds() {
         let admission = Admission::new(&config(1, 10));
         let readmission = Readmission {
-            seat: Seat::new(admission.clone(), "a".to_owned()),
+            seat: Seat::new(admission.clone(), "a".to_owned(), None),
             retry_after_s: 3,
             in_flight: InFlightSlot::none(),
         };
         let busy = admission.admit("a").await.expect("a free worker");
         let shed = readmission.clone().admit().await.map(drop).unwrap_err();
-        assert!(matches!(shed, ApiError::Overloaded { retry_after_s: 3 }), "{shed:?}");
+        assert!(
+            matches!(
+                shed,
+                ApiError::Overloaded {
+                    retry_after_s: 3,
+                    retry_after_ms: Some(100)
+                }
+            ),
+            "{shed:?}"
+        );
         drop(busy);
         let readmitted = readmission.admit().await.expect("the freed worker");
         assert_eq!(
@@ -698,7 +905,7 @@ mod tests {
         let (admission, carrier_caller, other) = one_worker_lent_during_a_carrier_call().await;
         // Back from the carrier with no worker free: borrowed, so new
         // requests wait until the debt is repaid.
-        assert_eq!(admission.borrowed_unrepaid.load(Ordering::Acquire), 1);
+        assert_eq!(admission.borrowed_unrepaid(), 1);
         assert_eq!(admission.admit("c").await.unwrap_err(), Shed::QueueDelay);
         drop(other);
         assert_eq!(
@@ -707,7 +914,7 @@ mod tests {
             "the worker given back repaid the borrowed one"
         );
         drop(carrier_caller);
-        assert_eq!(admission.borrowed_unrepaid.load(Ordering::Acquire), 0);
+        assert_eq!(admission.borrowed_unrepaid(), 0);
         let next = admission.admit("c").await.expect("one worker again");
         assert_eq!(
             admission.admit("d").await.unwrap_err(),
@@ -715,17 +922,17 @@ mod tests {
             "and only one"
         );
         drop(next);
-        assert_eq!(admission.workers.available_permits(), 1);
+        assert_eq!(admission.free_workers(), 1);
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_borrowed_worker_given_back_first_cancels_its_own_debt() {
         let (admission, carrier_caller, other) = one_worker_lent_during_a_carrier_call().await;
         drop(carrier_caller);
-        assert_eq!(admission.borrowed_unrepaid.load(Ordering::Acquire), 0);
-        assert_eq!(admission.workers.available_permits(), 0, "b still holds the one worker");
+        assert_eq!(admission.borrowed_unrepaid(), 0);
+        assert_eq!(admission.free_workers(), 0, "b still holds the one worker");
         drop(other);
-        assert_eq!(admission.workers.available_permits(), 1);
+        assert_eq!(admission.free_workers(), 1);
     }
 
     #[tokio::test(start_paused = true)]
@@ -733,10 +940,91 @@ mod tests {
         let admission = Admission::new(&config(2, 10));
         let carrier_caller = admission.admit("a").await.expect("a free worker");
         seat_of(&carrier_caller).set_aside_while(async {}).await;
-        assert_eq!(admission.borrowed_unrepaid.load(Ordering::Acquire), 0);
-        assert_eq!(admission.workers.available_permits(), 1);
+        assert_eq!(admission.borrowed_unrepaid(), 0);
+        assert_eq!(admission.free_workers(), 1);
         drop(carrier_caller);
-        assert_eq!(admission.workers.available_permits(), 2);
+        assert_eq!(admission.free_workers(), 2);
+    }
+
+    /// Two requests queue behind the one worker; which one gets it when it
+    /// is given back.
+    async fn next_served_of_two_waiters(standing_first: bool) -> (bool, bool) {
+        let admission = Admission::new(&AdmissionConfig {
+            workers: Some(1),
+            queue_max: 10,
+            target_ms: 100,
+            interval_ms: 100,
+        });
+        let busy = admission.admit("a").await.expect("a free worker");
+        if standing_first {
+            // Not empty for more than an interval: a standing queue.
+            tokio::time::advance(Duration::from_millis(150)).await;
+        }
+        let spawn_waiter = || {
+            let admission = admission.clone();
+            tokio::spawn(async move { admission.admit("a").await })
+        };
+        let older = spawn_waiter();
+        tokio::task::yield_now().await;
+        let newer = spawn_waiter();
+        tokio::task::yield_now().await;
+        drop(busy);
+        tokio::task::yield_now().await;
+        let served = (older.is_finished(), newer.is_finished());
+        older.abort();
+        newer.abort();
+        served
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_queue_that_still_empties_serves_the_oldest_first_and_a_standing_one_the_newest() {
+        assert_eq!(
+            next_served_of_two_waiters(false).await,
+            (true, false),
+            "first come, first served"
+        );
+        assert_eq!(
+            next_served_of_two_waiters(true).await,
+            (false, true),
+            "under a standing queue the newest waiter, whose client still waits"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_worker_handed_to_a_request_that_stopped_waiting_goes_back_to_the_pool() {
+        let admission = Admission::new(&config(1, 10));
+        let busy = admission.admit("a").await.expect("a free worker");
+        let waiter = {
+            let admission = admission.clone();
+            tokio::spawn(async move { admission.admit("a").await.map(drop) })
+        };
+        tokio::task::yield_now().await;
+        // Handed over to the waiter, which is cut off before it reads it.
+        drop(busy);
+        waiter.abort();
+        assert!(waiter.await.expect_err("aborted").is_cancelled());
+        assert_eq!(admission.free_workers(), 1, "the worker is not lost");
+        admission.admit("b").await.expect("and serves the next request");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_never_waits_past_its_deadline() {
+        let admission = Admission::new(&config(1, 10));
+        let _busy = admission.admit("a").await.expect("a free worker");
+        let seat = |deadline_ms: u64| {
+            let deadline = Instant::now() + Duration::from_millis(deadline_ms);
+            Seat::new(admission.clone(), "a".to_owned(), Some(deadline))
+        };
+        // Sooner than the interval CoDel would allow: shed at the deadline.
+        let started = Instant::now();
+        let shed = admission.admit_into(seat(30)).await.map(drop).unwrap_err();
+        assert_eq!((shed, started.elapsed()), (Shed::Deadline, Duration::from_millis(30)));
+        // Already passed: shed at once, without queueing.
+        let shed = admission.admit_into(seat(0)).await.map(drop).unwrap_err();
+        assert_eq!((shed, started.elapsed()), (Shed::Deadline, Duration::from_millis(30)));
+        // Later than the interval: CoDel's wait is the limit.
+        let shed = admission.admit_into(seat(1_000)).await.map(drop).unwrap_err();
+        assert_eq!(shed, Shed::QueueDelay);
     }
 
     #[tokio::test(start_paused = true)]

@@ -25,6 +25,12 @@ pub use idem_http::Outcome;
 /// every [`ApiError`] carries one.
 pub use idem_http::Disposition;
 
+/// The milliseconds a shed client should wait before retrying, finer than
+/// `Retry-After`'s whole seconds: the name Azure's services use for the
+/// same hint (`retry-after-ms`). Clients that do not know it read
+/// `Retry-After`, which is always sent beside it.
+pub const RETRY_AFTER_MS_HEADER: &str = "retry-after-ms";
+
 /// Detail of an error that must be logged but never sent to the client.
 #[derive(Debug, Clone)]
 pub struct LoggedError(pub String);
@@ -59,8 +65,16 @@ pub enum ApiError {
     DownstreamRejected { carrier_status: u16, detail: String },
     #[error("the server is shutting down; retry on another instance")]
     ShuttingDown { retry_after_s: u64 },
+    /// `retry_after_ms`: a finer hint than `Retry-After`'s whole seconds,
+    /// sent as `Retry-After-Ms` (admission control's sheds: a queue that
+    /// still empties is empty again within CoDel's interval, so a client
+    /// that waited a whole second would turn a 20 ms stall into a 1 s
+    /// delay).
     #[error("too many requests in flight; retry later")]
-    Overloaded { retry_after_s: u64 },
+    Overloaded {
+        retry_after_s: u64,
+        retry_after_ms: Option<u64>,
+    },
     #[error("the request took longer than {limit_ms} ms; retry with the same key after {retry_after_s} s")]
     RequestTimeout { limit_ms: u64, retry_after_s: u64 },
 }
@@ -83,7 +97,7 @@ pub struct Problem {
 
 /// How many kinds of [`ApiError`] there are: the length of
 /// [`ApiError::samples`].
-pub const API_ERROR_KINDS: usize = 19;
+pub const API_ERROR_KINDS: usize = 20;
 
 impl ApiError {
     /// An internal error: `detail` is logged, never sent.
@@ -126,7 +140,10 @@ impl ApiError {
                 detail: "weight exceeds the service's limit".into(),
             },
             ApiError::store_unavailable(1),
-            ApiError::Overloaded { retry_after_s: 1 },
+            ApiError::Overloaded {
+                retry_after_s: 1,
+                retry_after_ms: Some(100),
+            },
             ApiError::RequestTimeout {
                 limit_ms: 30_000,
                 retry_after_s: 1,
@@ -137,6 +154,7 @@ impl ApiError {
                 reason: "the answer is over the saved-response limit".into(),
             }),
             ApiError::internal("not sent"),
+            ApiError::Idempotency(IdempotencyError::DeadlineExceeded { retry_after_s: 1 }),
         ]
     }
 
@@ -209,7 +227,7 @@ impl ApiError {
             ApiError::Idempotency(error) => error.retry_after_s(),
             ApiError::DownstreamUnavailable { retry_after_s }
             | ApiError::ShuttingDown { retry_after_s }
-            | ApiError::Overloaded { retry_after_s }
+            | ApiError::Overloaded { retry_after_s, .. }
             | ApiError::RequestTimeout { retry_after_s, .. } => Some(*retry_after_s),
             _ => None,
         }
@@ -225,7 +243,8 @@ impl ApiError {
             | ApiError::DownstreamUnavailable { .. }
             | ApiError::ShuttingDown { .. }
             | ApiError::Overloaded { .. }
-            | ApiError::RequestTimeout { .. } => Disposition::Release,
+            | ApiError::RequestTimeout { .. }
+            | ApiError::Idempotency(IdempotencyError::DeadlineExceeded { .. }) => Disposition::Release,
             _ => Disposition::Save,
         }
     }
@@ -277,6 +296,13 @@ impl IntoResponse for ApiError {
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
         if let Some(seconds) = self.retry_after_s() {
             headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+        }
+        if let ApiError::Overloaded {
+            retry_after_ms: Some(milliseconds),
+            ..
+        } = self
+        {
+            headers.insert(RETRY_AFTER_MS_HEADER, HeaderValue::from(milliseconds));
         }
         if matches!(self, ApiError::Unauthorized) {
             headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
@@ -365,6 +391,7 @@ mod tests {
             ApiError::ShuttingDown { .. } => 16,
             ApiError::Idempotency(IdempotencyError::RecordUnreadable) => 17,
             ApiError::Idempotency(IdempotencyError::ResponseNotSaved { .. }) => 18,
+            ApiError::Idempotency(IdempotencyError::DeadlineExceeded { .. }) => 19,
             // The layer turns an unreadable body into `InvalidRequest`
             // (`From<IdempotencyError>`); it is never an `ApiError` itself.
             ApiError::Idempotency(IdempotencyError::BodyUnreadable { .. }) => usize::MAX,
@@ -419,7 +446,19 @@ mod tests {
                 "downstream_unavailable",
             ),
             (ApiError::store_unavailable(1), 503, "store_unavailable"),
-            (ApiError::Overloaded { retry_after_s: 1 }, 503, "overloaded"),
+            (
+                ApiError::Overloaded {
+                    retry_after_s: 1,
+                    retry_after_ms: None,
+                },
+                503,
+                "overloaded",
+            ),
+            (
+                ApiError::from(IdempotencyError::DeadlineExceeded { retry_after_s: 1 }),
+                503,
+                "deadline_exceeded",
+            ),
             (ApiError::ShuttingDown { retry_after_s: 1 }, 503, "shutting_down"),
             (
                 ApiError::from(IdempotencyError::RecordUnreadable),

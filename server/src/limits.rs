@@ -4,9 +4,11 @@
 
 use crate::admission::{Admission, AdmissionConfig, Worker};
 use crate::error::ApiError;
+use crate::metrics::WORK_DONE_TOTAL;
 use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use idem_http::{RequestDeadline, request_timeout_ms};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -54,6 +56,22 @@ pub struct InFlightSlot {
     _permit: Option<Arc<OwnedSemaphorePermit>>,
     /// The admission worker, once admitted.
     _worker: Option<Arc<Worker>>,
+    /// Counts the work when its last holder lets go.
+    _work: Option<Arc<WorkDone>>,
+}
+
+/// Dropped when a request's work ends (with the last clone of its slot):
+/// counts it in [`WORK_DONE_TOTAL`], as work for a client still waiting or
+/// for one whose deadline had passed.
+struct WorkDone {
+    deadline: RequestDeadline,
+}
+
+impl Drop for WorkDone {
+    fn drop(&mut self) {
+        let client = if self.deadline.has_passed() { "gone" } else { "waiting" };
+        metrics::counter!(WORK_DONE_TOTAL, "client" => client).increment(1);
+    }
 }
 
 impl InFlightSlot {
@@ -63,6 +81,15 @@ impl InFlightSlot {
         Self {
             _permit: None,
             _worker: None,
+            _work: None,
+        }
+    }
+
+    /// This slot, counting the request's work against `deadline` when it ends.
+    fn counting_work(self, deadline: RequestDeadline) -> Self {
+        Self {
+            _work: Some(Arc::new(WorkDone { deadline })),
+            ..self
         }
     }
 
@@ -80,12 +107,14 @@ pub async fn shed_overload(State(limits): State<Limits>, mut request: Request, n
     let Ok(permit) = limits.in_flight.clone().try_acquire_owned() else {
         return ApiError::Overloaded {
             retry_after_s: limits.retry_after_s,
+            retry_after_ms: None,
         }
         .into_response();
     };
     let slot = InFlightSlot {
         _permit: Some(Arc::new(permit)),
         _worker: None,
+        _work: None,
     };
     request.extensions_mut().insert(slot.clone());
     // Held here too: a handler may drop the request (and its extensions)
@@ -95,14 +124,31 @@ pub async fn shed_overload(State(limits): State<Limits>, mut request: Request, n
     response
 }
 
-/// Answers 503 `request_timeout` when the budget runs out. Idempotent work
-/// runs in its own task and is not cut off: it finishes and saves its
-/// answer, which the caller's retry with the same key then gets.
-pub async fn request_timeout(State(limits): State<Limits>, request: Request, next: Next) -> Response {
-    match tokio::time::timeout(limits.request_timeout, next.run(request)).await {
+/// Gives the request its deadline: the client's `Request-Timeout-Ms`
+/// (idem-http's [`RequestDeadline`], docs/design.md#deadlines) within the
+/// server's own budget, and answers 503 `request_timeout` when it passes.
+/// Idempotent work runs in its own task and is not cut off: it finishes and
+/// saves its answer, which the caller's retry with the same key then gets.
+pub async fn request_timeout(State(limits): State<Limits>, mut request: Request, next: Next) -> Response {
+    let timeout = match request_timeout_ms(request.headers()) {
+        Ok(Some(client_ms)) => limits.request_timeout.min(Duration::from_millis(client_ms)),
+        Ok(None) => limits.request_timeout,
+        Err(invalid) => {
+            return ApiError::InvalidRequest {
+                detail: invalid.to_string(),
+            }
+            .into_response();
+        }
+    };
+    let deadline = RequestDeadline::after(tokio::time::Instant::now(), timeout);
+    request.extensions_mut().insert(deadline);
+    if let Some(slot) = request.extensions_mut().remove::<InFlightSlot>() {
+        request.extensions_mut().insert(slot.counting_work(deadline));
+    }
+    match tokio::time::timeout_at(deadline.0, next.run(request)).await {
         Ok(response) => response,
         Err(_elapsed) => ApiError::RequestTimeout {
-            limit_ms: limits.request_timeout.as_millis() as u64,
+            limit_ms: timeout.as_millis() as u64,
             retry_after_s: limits.retry_after_s,
         }
         .into_response(),

@@ -35,6 +35,12 @@ pub const ADMISSION_QUEUE_WAITING: &str = "idem_admission_queue_waiting";
 /// Workers lent, ahead of the pool, to work coming back from the carrier
 /// when none was free (repaid by the next workers given back).
 pub const ADMISSION_WORKERS_BORROWED_TOTAL: &str = "idem_admission_workers_borrowed_total";
+/// Requests whose work ended, by whether their client was still waiting
+/// (`client`: `waiting`, or `gone` once the request's deadline had passed:
+/// work nobody read, the waste a metastable overload feeds on).
+pub const WORK_DONE_TOTAL: &str = "idem_work_done_total";
+/// The values of [`WORK_DONE_TOTAL`]'s `client` label.
+pub const WORK_DONE_CLIENTS: [&str; 2] = ["waiting", "gone"];
 /// Store calls, by `backend`, `operation` and `result` (`ok` or `error`).
 pub const STORE_OPERATION_DURATION_SECONDS: &str = "idem_store_operation_duration_seconds";
 /// Records deleted by the sweeper.
@@ -109,6 +115,10 @@ fn describe() {
         "Requests refused by admission control before any work, by reason."
     );
     describe_gauge!(ADMISSION_QUEUE_WAITING, "Requests waiting for an admission worker.");
+    describe_counter!(
+        WORK_DONE_TOTAL,
+        "Requests whose work ended, by whether the client was still waiting (its deadline not yet passed)."
+    );
     describe_counter!(
         ADMISSION_WORKERS_BORROWED_TOTAL,
         "Workers lent ahead of the pool to work coming back from the carrier."
@@ -189,6 +199,9 @@ pub fn register_at_zero(records_backend: &'static str) {
     }
     metrics::gauge!(ADMISSION_QUEUE_WAITING).set(0.0);
     metrics::counter!(ADMISSION_WORKERS_BORROWED_TOTAL).increment(0);
+    for client in WORK_DONE_CLIENTS {
+        metrics::counter!(WORK_DONE_TOTAL, "client" => client).increment(0);
+    }
     registered(metrics::histogram!(SWEEPER_RUN_DURATION_SECONDS));
     for outcome in crate::carrier::client::CARRIER_OUTCOME_LABELS {
         metrics::counter!(CARRIER_CALLS_TOTAL, "outcome" => outcome).increment(0);
@@ -220,7 +233,11 @@ fn register_requests_at_zero() {
     let retry_after_s = 1;
     for error in [
         ApiError::store_unavailable(retry_after_s),
-        ApiError::Overloaded { retry_after_s },
+        ApiError::Overloaded {
+            retry_after_s,
+            retry_after_ms: None,
+        },
+        ApiError::from(idem_http::IdempotencyError::DeadlineExceeded { retry_after_s }),
         ApiError::RequestTimeout {
             limit_ms: 0,
             retry_after_s,

@@ -130,7 +130,16 @@ pub enum Profile {
     Steady,
     /// Four phases at 1x, 2x, 3x and 1x of --rate (the capacity), each --phase-s long.
     Overload,
+    /// 1x of --rate for --steady-s, a trigger of --trigger-multiplier x for
+    /// --trigger-s, then 1x for --after-s, reported second by second.
+    Metastable,
 }
+
+/// The metastable profile's defaults: 15 s steady, 3x for 15 s, 30 s after.
+pub const STEADY_S_DEFAULT: u64 = 15;
+pub const TRIGGER_S_DEFAULT: u64 = 15;
+pub const TRIGGER_MULTIPLIER_DEFAULT: f64 = 3.0;
+pub const AFTER_S_DEFAULT: u64 = 30;
 
 /// Seconds per phase of the overload profile: long enough for the client's
 /// retries and the server's shedding to settle.
@@ -140,12 +149,25 @@ pub const INSTANCES_MAX: usize = 16;
 
 #[derive(Debug, Clone, Args)]
 pub struct HttpArgs {
-    /// steady: one run at --rate; overload: 1x, 2x, 3x, 1x of --rate.
+    /// steady: one run at --rate; overload: 1x, 2x, 3x, 1x of --rate;
+    /// metastable: 1x, a trigger, 1x again, second by second.
     #[arg(long, value_enum, default_value_t = Profile::Steady)]
     pub profile: Profile,
     /// Seconds per phase of the overload profile.
     #[arg(long, default_value_t = PHASE_S_DEFAULT)]
     pub phase_s: u64,
+    /// Metastable profile: seconds at 1x before the trigger.
+    #[arg(long, default_value_t = STEADY_S_DEFAULT)]
+    pub steady_s: u64,
+    /// Metastable profile: seconds of the trigger.
+    #[arg(long, default_value_t = TRIGGER_S_DEFAULT)]
+    pub trigger_s: u64,
+    /// Metastable profile: the trigger's rate as a multiple of --rate.
+    #[arg(long, default_value_t = TRIGGER_MULTIPLIER_DEFAULT)]
+    pub trigger_multiplier: f64,
+    /// Metastable profile: seconds at 1x after the trigger.
+    #[arg(long, default_value_t = AFTER_S_DEFAULT)]
+    pub after_s: u64,
     /// Base URL of a running Label service instance (http://127.0.0.1:8080); repeat it for a fleet:
     /// intents start round robin and every retry goes to another instance than the last. A server is
     /// spawned when absent.

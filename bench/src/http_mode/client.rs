@@ -24,8 +24,8 @@ use crate::recorder::{Outcome, latency_histogram, micros};
 use futures::future::BoxFuture;
 use hdrhistogram::Histogram;
 use idem_client::{
-    AnswerClass, IntentRetry, RetryAfter, RetryAfterUse, RetryBudget, RetryPolicy, Step, WhenBudgetEmpty, is_replayed,
-    wait_was_applied,
+    AnswerClass, IntentRetry, REQUEST_TIMEOUT_MS_HEADER, RetryAfter, RetryAfterUse, RetryBudget, RetryPolicy, Step,
+    WhenBudgetEmpty, is_replayed, wait_was_applied,
 };
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -389,6 +389,8 @@ pub struct TimelineSecond {
     /// Latency of admitted attempts, in microseconds.
     pub admitted: Histogram<u64>,
     pub shed: u64,
+    /// Attempts answered with a label (first run or replay).
+    pub labelled: u64,
 }
 
 /// Longest attempt latency the timeline records, in microseconds; longer
@@ -407,6 +409,11 @@ impl Default for AttemptTimeline {
 }
 
 impl AttemptTimeline {
+    /// When second 0 began.
+    pub fn start(&self) -> Instant {
+        self.start
+    }
+
     /// Seconds since the client started, at `at`.
     pub fn second_of(&self, at: Instant) -> usize {
         at.saturating_duration_since(self.start).as_secs() as usize
@@ -422,9 +429,16 @@ impl AttemptTimeline {
             let Ok(admitted) = Histogram::new_with_max(TIMELINE_LATENCY_US_MAX, 3) else {
                 return;
             };
-            seconds.push(TimelineSecond { admitted, shed: 0 });
+            seconds.push(TimelineSecond {
+                admitted,
+                shed: 0,
+                labelled: 0,
+            });
         }
         let bucket = &mut seconds[second];
+        if matches!(answer, Answer::Created { .. }) {
+            bucket.labelled += 1;
+        }
         if matches!(answer, Answer::Status { status: 503, code: Some(code) } if code == "overloaded") {
             bucket.shed += 1;
         } else {
@@ -765,6 +779,9 @@ impl IntentCopy {
             .bearer_auth(&self.settings.token)
             .header("idempotency-key", key)
             .header("content-type", "application/json")
+            // The time this attempt will still wait, so the server starts
+            // no work for it past then (docs/design.md#deadlines).
+            .header(REQUEST_TIMEOUT_MS_HEADER, deadline.as_millis().max(1) as u64)
             .body(body.to_vec());
         if let Some(wait_s) = wait_s {
             request = request.header(PREFER_HEADER, format!("wait={wait_s}"));

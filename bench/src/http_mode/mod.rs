@@ -18,7 +18,7 @@ use crate::report::{RunSummary, Table};
 use audit::{AnswerCounts, AuditInput, AuditReport, audit};
 use cli::{FulfilmentArgs, HttpArgs, KeyMode, Profile};
 use client::{ClientError, ClientSettings, FulfilmentClient, PreferWaitReport, answered_409};
-use overload::{OverloadReport, run_overload};
+use overload::{OverloadReport, WorkSampler, run_overload};
 use serde::{Deserialize, Serialize};
 use server::config::StoreKind;
 use spawn::{SpawnError, SpawnSettings, SpawnedServer};
@@ -65,8 +65,9 @@ pub struct HttpRun {
     pub fulfilment: FulfilmentArgs,
     pub plan: LoadPlan,
     pub ramp: Option<RampSettings>,
-    /// Phase length of the overload profile, when that is the profile.
-    pub overload_phase: Option<Duration>,
+    /// The phases of the overload or metastable profile, when that is the
+    /// profile, and whether it is reported second by second.
+    pub phases: Option<(Vec<overload::Phase>, bool)>,
     pub slo_p99_ms: f64,
     pub seed: u64,
 }
@@ -96,7 +97,7 @@ impl HttpRun {
             fulfilment: args.fulfilment.clone(),
             plan: args.load.plan(seed, !args.output.quiet),
             ramp: args.load.ramp(),
-            overload_phase: (args.profile == Profile::Overload).then(|| Duration::from_secs(args.phase_s)),
+            phases: profile_phases(args),
             slo_p99_ms: args.load.slo_p99_ms,
             seed,
         }
@@ -115,7 +116,7 @@ impl HttpRun {
             fulfilment: args.http.clone(),
             plan: args.load.plan(seed, !args.output.quiet),
             ramp: args.load.ramp(),
-            overload_phase: None,
+            phases: None,
             slo_p99_ms: args.load.slo_p99_ms,
             seed,
         }
@@ -323,6 +324,24 @@ async fn start(run: &HttpRun) -> Result<Server, HttpError> {
     }
 }
 
+/// The phases of the profile `args` asks for, if it has phases.
+fn profile_phases(args: &HttpArgs) -> Option<(Vec<overload::Phase>, bool)> {
+    let seconds = Duration::from_secs;
+    match args.profile {
+        Profile::Steady => None,
+        Profile::Overload => Some((overload::overload_phases(seconds(args.phase_s)), false)),
+        Profile::Metastable => Some((
+            overload::metastable_phases(
+                seconds(args.steady_s),
+                args.trigger_multiplier,
+                seconds(args.trigger_s),
+                seconds(args.after_s),
+            ),
+            true,
+        )),
+    }
+}
+
 /// Runs the load, waits for every copy of every intent and for the server
 /// to go idle, then audits. Interrupted, the load stops early and both
 /// waits end at the interrupt's drain deadline; a spawned server is
@@ -348,9 +367,11 @@ pub async fn run(run: &HttpRun) -> Result<HttpReport, HttpError> {
         label: format!("http {}", report.store_kind),
         ..run.plan.clone()
     };
-    match (&run.ramp, run.overload_phase) {
-        (_, Some(phase)) => {
-            report.overload = Some(run_overload(&plan, phase, run.slo_p99_ms, client.clone()).await?);
+    match (&run.ramp, &run.phases) {
+        (_, Some((phases, by_second))) => {
+            let sampler = by_second.then(|| WorkSampler::start(admin.clone(), server.base_urls.clone(), &client));
+            let overload = run_overload(&plan, phases, run.slo_p99_ms, client.clone(), sampler.as_ref()).await?;
+            report.overload = Some(overload);
         }
         (Some(ramp), None) => report.ramp = Some(run_ramp(ramp, &plan, client.clone()).await?),
         (None, None) => report.open_loop = Some(RunSummary::of_open_loop(&run_open_loop(&plan, client.clone()).await?)),

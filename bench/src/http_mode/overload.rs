@@ -1,5 +1,11 @@
 //! The overload profile: the same client at 1x, 2x, 3x and again 1x of a
 //! rate (the service's capacity), one open-loop phase each, back to back.
+//! The metastable profile is the same machinery with other phases: steady
+//! at 1x, a trigger (3x by default), then 1x again for longer, reported
+//! second by second with the share of the service's work done for clients
+//! that had already given up (the server's `idem_work_done_total`), and the
+//! time until goodput and latency are back (Bronson et al., "Metastable
+//! Failures in Distributed Systems", HotOS 2021).
 //!
 //! Per phase it reports the goodput (intents started in the phase that got a
 //! label, per second of the phase), the p99 of admitted attempts (every
@@ -17,8 +23,64 @@ use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// The phases' rates as multiples of the capacity.
+/// The overload profile's rates as multiples of the capacity.
 pub const PHASE_MULTIPLIERS: [f64; 4] = [1.0, 2.0, 3.0, 1.0];
+/// Recovered, in the metastable profile: goodput at least this share of
+/// the offered rate, ...
+pub const RECOVERED_GOODPUT_SHARE_MIN: f64 = 0.95;
+/// ... and the admitted p99 at most this, for [`RECOVERY_STEADY_S`] seconds.
+pub const RECOVERED_P99_MS_MAX: f64 = 50.0;
+
+/// One open-loop phase: a multiple of the rate, for a time.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Phase {
+    pub multiplier: f64,
+    pub duration: Duration,
+}
+
+/// The overload profile's phases, each `phase` long.
+pub fn overload_phases(phase: Duration) -> Vec<Phase> {
+    PHASE_MULTIPLIERS
+        .into_iter()
+        .map(|multiplier| Phase {
+            multiplier,
+            duration: phase,
+        })
+        .collect()
+}
+
+/// The metastable profile's phases: steady, the trigger, and the time after.
+pub fn metastable_phases(steady: Duration, trigger_multiplier: f64, trigger: Duration, after: Duration) -> Vec<Phase> {
+    vec![
+        Phase {
+            multiplier: 1.0,
+            duration: steady,
+        },
+        Phase {
+            multiplier: trigger_multiplier,
+            duration: trigger,
+        },
+        Phase {
+            multiplier: 1.0,
+            duration: after,
+        },
+    ]
+}
+
+/// One second of a run, for the metastable profile's table and chart.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SecondReport {
+    pub second: u64,
+    pub offered_per_s: f64,
+    /// Attempts sent in this second that were answered with a label.
+    pub goodput_per_s: f64,
+    pub admitted_p50_ms: f64,
+    pub admitted_p99_ms: f64,
+    pub shed: u64,
+    /// Of the service's requests whose work ended in this second, the share
+    /// whose client had already given up (`None`: no sample).
+    pub wasted_work_share: Option<f64>,
+}
 /// Operation numbers of phase `n` start at `n` times this, so intents of
 /// different phases never share a parcel.
 const PHASE_INDEX_STRIDE: u64 = 100_000_000;
@@ -54,7 +116,23 @@ pub struct OverloadReport {
     /// [`RECOVERY_STEADY_S`] seconds in a row with p99 under the objective;
     /// `None` when that never happened within the last phase.
     pub recovery_s: Option<u64>,
+    /// Second by second (the metastable profile; empty for overload).
+    #[serde(default)]
+    pub seconds: Vec<SecondReport>,
+    /// Seconds from the end of the trigger until goodput is at least
+    /// [`RECOVERED_GOODPUT_SHARE_MIN`] of offered and p99 at most
+    /// [`RECOVERED_P99_MS_MAX`] for [`RECOVERY_STEADY_S`] seconds in a row.
+    #[serde(default)]
+    pub recovered_s: Option<u64>,
+    /// Over the whole run, the share of the service's work whose client had
+    /// already given up.
+    #[serde(default)]
+    pub wasted_work_share: Option<f64>,
 }
+
+/// The server's work counts (`idem_work_done_total`, summed over the
+/// instances), sampled once a second: cumulative (waiting, gone).
+pub type WorkSamples = Vec<(u64, u64)>;
 
 /// Where a phase ran: its operation numbers and its seconds on the timeline.
 struct PhaseSpan {
@@ -65,15 +143,24 @@ struct PhaseSpan {
     duration: Duration,
 }
 
-/// Runs the four phases with `client` at multiples of `plan.rate_per_s`.
+/// Runs `phases` with `client` at multiples of `plan.rate_per_s`. With
+/// `work_samples` (the metastable profile), a second-by-second report too.
 pub async fn run_overload(
     plan: &LoadPlan,
-    phase: Duration,
+    phases: &[Phase],
     slo_p99_ms: f64,
     client: Arc<FulfilmentClient>,
+    work_samples: Option<&WorkSampler>,
 ) -> Result<OverloadReport, PlanError> {
     let mut spans = Vec::new();
-    for (number, multiplier) in PHASE_MULTIPLIERS.into_iter().enumerate() {
+    for (
+        number,
+        &Phase {
+            multiplier,
+            duration: phase,
+        },
+    ) in phases.iter().enumerate()
+    {
         let phase_plan = LoadPlan {
             rate_per_s: plan.rate_per_s * multiplier,
             // Only the first phase warms up; the others follow at once.
@@ -111,12 +198,149 @@ pub async fn run_overload(
         .map(|span| phase_report(span, plan.rate_per_s, &timeline, &intents))
         .collect();
     let last = spans.last().map(|span| span.first_second).unwrap_or(0);
-    Ok(OverloadReport {
+    let mut report = OverloadReport {
         capacity_per_s: plan.rate_per_s,
         slo_p99_ms,
         phases,
         recovery_s: recovery_seconds(&timeline, last, slo_p99_ms),
-    })
+        seconds: Vec::new(),
+        recovered_s: None,
+        wasted_work_share: None,
+    };
+    if let Some(sampler) = work_samples {
+        let samples = sampler.samples();
+        report.seconds = second_reports(&spans, plan.rate_per_s, &timeline, &samples);
+        let first = spans.first().map_or(0, |span| span.first_second);
+        report.recovered_s = recovered_seconds(&report.seconds, last.saturating_sub(first));
+        report.wasted_work_share = wasted_share(samples.first(), samples.last());
+    }
+    Ok(report)
+}
+
+/// The offered rate in `second`: its phase's.
+fn offered_in(spans: &[PhaseSpan], capacity: f64, second: usize) -> f64 {
+    spans
+        .iter()
+        .find(|span| (span.first_second..span.end_second.max(span.first_second + 1)).contains(&second))
+        .map_or(0.0, |span| capacity * span.multiplier)
+}
+
+fn second_reports(
+    spans: &[PhaseSpan],
+    capacity: f64,
+    timeline: &[TimelineSecond],
+    samples: &WorkSamples,
+) -> Vec<SecondReport> {
+    let first = spans.first().map_or(0, |span| span.first_second);
+    let end = spans.last().map_or(0, |span| span.end_second).min(timeline.len());
+    (first..end)
+        .map(|second| {
+            let figures = &timeline[second];
+            SecondReport {
+                second: (second - first) as u64,
+                offered_per_s: offered_in(spans, capacity, second),
+                goodput_per_s: figures.labelled as f64,
+                admitted_p50_ms: figures.admitted.value_at_quantile(0.50) as f64 / 1_000.0,
+                admitted_p99_ms: figures.admitted.value_at_quantile(0.99) as f64 / 1_000.0,
+                shed: figures.shed,
+                wasted_work_share: wasted_share(samples.get(second), samples.get(second + 1)),
+            }
+        })
+        .collect()
+}
+
+/// The share of work done for clients already gone between two samples.
+fn wasted_share(before: Option<&(u64, u64)>, after: Option<&(u64, u64)>) -> Option<f64> {
+    let (&(waiting_before, gone_before), &(waiting_after, gone_after)) = (before?, after?);
+    let gone = gone_after.saturating_sub(gone_before);
+    let total = gone + waiting_after.saturating_sub(waiting_before);
+    (total > 0).then(|| gone as f64 / total as f64)
+}
+
+/// Seconds after `trigger_end` (an index into `seconds`) until the run is
+/// back: [`RECOVERY_STEADY_S`] seconds in a row with goodput and p99
+/// recovered.
+fn recovered_seconds(seconds: &[SecondReport], trigger_end: usize) -> Option<u64> {
+    let recovered = |second: &SecondReport| {
+        second.offered_per_s > 0.0
+            && second.goodput_per_s >= RECOVERED_GOODPUT_SHARE_MIN * second.offered_per_s
+            && second.admitted_p99_ms <= RECOVERED_P99_MS_MAX
+    };
+    seconds
+        .get(trigger_end..)?
+        .windows(RECOVERY_STEADY_S)
+        .position(|window| window.iter().all(recovered))
+        .map(|offset| offset as u64)
+}
+
+/// Samples the service's work counts once a second while a run goes on.
+pub struct WorkSampler {
+    samples: Arc<std::sync::Mutex<WorkSamples>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+/// Samples kept at most (a day of seconds).
+const WORK_SAMPLES_MAX: usize = 24 * 3600;
+
+impl WorkSampler {
+    /// Starts sampling `base_urls`' `/metrics` with `admin`, aligned with
+    /// `client`'s timeline (sample N is taken at the start of second N).
+    pub fn start(admin: reqwest::Client, base_urls: Vec<String>, client: &FulfilmentClient) -> Self {
+        let samples: Arc<std::sync::Mutex<WorkSamples>> = Arc::default();
+        let recorded = samples.clone();
+        let start = client.timeline.start();
+        let task = tokio::spawn(async move {
+            let mut next = tokio::time::Instant::from_std(start);
+            loop {
+                tokio::time::sleep_until(next).await;
+                let counts = work_counts(&admin, &base_urls).await;
+                let mut samples = recorded.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+                if samples.len() >= WORK_SAMPLES_MAX {
+                    return;
+                }
+                // A failed scrape repeats the last sample: no work counted.
+                let last = samples.last().copied().unwrap_or_default();
+                samples.push(counts.unwrap_or(last));
+                drop(samples);
+                next += Duration::from_secs(1);
+            }
+        });
+        Self { samples, task }
+    }
+
+    fn samples(&self) -> WorkSamples {
+        self.samples
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    }
+}
+
+impl Drop for WorkSampler {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// (waiting, gone) summed over the instances, or `None` if one failed.
+async fn work_counts(admin: &reqwest::Client, base_urls: &[String]) -> Option<(u64, u64)> {
+    let mut total = (0, 0);
+    for base_url in base_urls {
+        let text = admin
+            .get(format!("{base_url}/metrics"))
+            .send()
+            .await
+            .ok()?
+            .text()
+            .await
+            .ok()?;
+        let count = |client: &str| {
+            test_support::http::metric_value(&text, "idem_work_done_total", &[&format!("client=\"{client}\"")]) as u64
+        };
+        total.0 += count("waiting");
+        total.1 += count("gone");
+    }
+    Some(total)
 }
 
 fn phase_report(span: &PhaseSpan, capacity: f64, timeline: &[TimelineSecond], intents: &[IntentEntry]) -> PhaseReport {
@@ -199,13 +423,54 @@ impl OverloadReport {
             Some(seconds) => format!("{seconds} s"),
             None => "not within the last phase".into(),
         };
-        format!(
+        let mut text = format!(
             "overload profile, capacity {}/s:\n{}back to p99 <= {} ms for {RECOVERY_STEADY_S} s in a row: {recovery} after the overload ended\n",
             rate(self.capacity_per_s),
             table.render(),
             self.slo_p99_ms,
+        );
+        if !self.seconds.is_empty() {
+            text.push_str(&self.render_seconds());
+        }
+        text
+    }
+
+    fn render_seconds(&self) -> String {
+        let mut table = Table::new(&[
+            "second",
+            "offered/s",
+            "goodput/s",
+            "admitted p50",
+            "admitted p99",
+            "shed",
+            "wasted work",
+        ]);
+        for second in &self.seconds {
+            table.row(vec![
+                second.second.to_string(),
+                rate(second.offered_per_s),
+                rate(second.goodput_per_s),
+                ms(second.admitted_p50_ms),
+                ms(second.admitted_p99_ms),
+                second.shed.to_string(),
+                share(second.wasted_work_share),
+            ]);
+        }
+        let recovered = match self.recovered_s {
+            Some(seconds) => format!("{seconds} s"),
+            None => "not within the last phase".into(),
+        };
+        format!(
+            "second by second:\n{}back to goodput >= {:.0}% of offered and p99 <= {RECOVERED_P99_MS_MAX} ms for {RECOVERY_STEADY_S} s in a row: {recovered} after the trigger ended\nwasted work (the service's work for clients already gone), whole run: {}\n",
+            table.render(),
+            RECOVERED_GOODPUT_SHARE_MIN * 100.0,
+            share(self.wasted_work_share),
         )
     }
+}
+
+fn share(value: Option<f64>) -> String {
+    value.map_or_else(|| "-".to_owned(), |share| format!("{:.1}%", share * 100.0))
 }
 
 #[cfg(test)]
@@ -217,7 +482,11 @@ mod tests {
         for &latency in latencies_us {
             admitted.record(latency).unwrap();
         }
-        TimelineSecond { admitted, shed }
+        TimelineSecond {
+            admitted,
+            shed,
+            labelled: 0,
+        }
     }
 
     #[test]

@@ -77,6 +77,12 @@ pub async fn run_bench_at(service: &LabelService, json: &Path, rate: &str, extra
         "0",
         "--seed",
         "11",
+        // A debug server beside other test binaries on two cores can take
+        // longer than the design's 250 ms per attempt, and past its deadline
+        // it now starts no work (docs/design.md#deadlines): these runs check
+        // the audit, not the speed, so each attempt may wait a second.
+        "--deadline-ms",
+        "1000",
         "--quiet",
         "--json",
         &json,

@@ -118,18 +118,24 @@ impl CarrierClient {
 
     /// Buys a label with the derived carrier key, in a trace of its own.
     pub async fn buy(&self, carrier_key: &str, request: &CarrierLabelRequest) -> CarrierOutcome {
-        self.buy_traced(carrier_key, request, None).await
+        self.buy_traced(carrier_key, request, None, None).await
     }
 
     /// Buys a label with the derived carrier key, sending `traceparent`
     /// (W3C Trace Context) so the carrier's work joins the caller's trace.
+    /// `within`: the time the caller's client will still wait; the call and
+    /// its retries end by then, or by the carrier timeout if sooner (an
+    /// answer nobody waits for is not worth a retry; the purchase, if the
+    /// carrier made it, is found again by the carrier key).
     pub async fn buy_traced(
         &self,
         carrier_key: &str,
         request: &CarrierLabelRequest,
         traceparent: Option<&str>,
+        within: Option<Duration>,
     ) -> CarrierOutcome {
-        let deadline = Instant::now() + self.timeout;
+        let budget = within.map_or(self.timeout, |within| within.min(self.timeout));
+        let deadline = Instant::now() + budget;
         let mut retry = 0;
         loop {
             let (outcome, repeat) = self.call(carrier_key, request, traceparent, deadline).await;

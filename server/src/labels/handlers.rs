@@ -21,6 +21,7 @@ use axum::Json;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Response};
+use idem_http::{DEADLINE_EXCEEDED_RETRY_AFTER_S, IdempotencyError, RequestDeadline};
 use store_core::HeldLease;
 
 /// Create a shipping label, once per idempotency key.
@@ -33,7 +34,9 @@ use store_core::HeldLease;
         ("Idempotency-Key" = String, Header,
             description = "One key per intent, 1 to 255 printable ASCII characters, bare or as an RFC 8941 quoted string. Reuse it on every retry of the same request."),
         ("Prefer" = Option<String>, Header,
-            description = "RFC 7240. `wait=N`: if an attempt with this key is in progress, wait up to N seconds (at most the server's `prefer_wait_max_s`, 10 by default) for it to end and get its answer, instead of 409 at once. Other preferences, and a malformed `wait`, are ignored.")
+            description = "RFC 7240. `wait=N`: if an attempt with this key is in progress, wait up to N seconds (at most the server's `prefer_wait_max_s`, 10 by default) for it to end and get its answer, instead of 409 at once. Other preferences, and a malformed `wait`, are ignored."),
+        ("Request-Timeout-Ms" = Option<u64>, Header,
+            description = "The milliseconds the client will still wait for this answer, counted from when it sends the request (1 to 3600000; as Envoy's `x-envoy-expected-rq-timeout-ms`). The server starts no work past it: a request still queued for a worker when it passes, or not yet claimed, gets 503 `deadline_exceeded` and leaves no record; one already claimed frees its key instead of starting (or waiting out) the carrier call. Without it, the server's own request timeout applies. A malformed value is 400 `invalid_request`.")
     ),
     request_body(content = CreateLabelRequest, content_type = "application/json"),
     responses(
@@ -62,15 +65,19 @@ use store_core::HeldLease;
         (status = 500, description = "`internal_error`, `record_unreadable` (the key's stored record cannot be decoded; retrying will not help), or `response_not_saved` (the answer could not be saved; saved as this problem, so a retry gets it again and nothing runs twice).", body = Problem, content_type = "application/problem+json"),
         (status = 502, description = "`downstream_rejected`: the carrier refused the label for good (its 422, a business refusal). Saved and replayed.",
             body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "`downstream_unavailable` (the carrier gave no definite or usable answer: a timeout, 5xx, 401, 403, 404, 415, a redirect, a label that does not match the request; the lease was released), `store_unavailable`, `overloaded` or `request_timeout`. Retry with the same key.",
+        (status = 503, description = "`downstream_unavailable` (the carrier gave no definite or usable answer: a timeout, 5xx, 401, 403, 404, 415, a redirect, a label that does not match the request; the lease was released), `store_unavailable`, `overloaded`, `deadline_exceeded` (the `Request-Timeout-Ms` passed before the work started; nothing was done) or `request_timeout`. Retry with the same key.",
             body = Problem, content_type = "application/problem+json",
-            headers(("Retry-After" = u64, description = "Seconds to wait before retrying.")))
+            headers(
+                ("Retry-After" = u64, description = "Seconds to wait before retrying."),
+                ("Retry-After-Ms" = Option<u64>, description = "On `overloaded` from admission control: the milliseconds to wait, finer than `Retry-After` (a short stall clears within CoDel's interval; a standing queue asks for the whole `Retry-After`).")
+            ))
     )
 )]
 pub async fn create_label(
     State(state): State<AppState>,
     trace: TraceContext,
     seat: WorkerSeat,
+    deadline: Option<RequestDeadline>,
     attempt: Attempt,
     body: Bytes,
 ) -> Response {
@@ -99,14 +106,25 @@ pub async fn create_label(
                 .await;
         }
     }
+    // A purchase nobody waits for is not started: the key is free again
+    // for the retry at once (docs/design.md#deadlines).
+    if deadline.is_some_and(|deadline| deadline.has_passed()) {
+        let answer = ApiError::from(IdempotencyError::DeadlineExceeded {
+            retry_after_s: DEADLINE_EXCEEDED_RETRY_AFTER_S,
+        });
+        return attempt.release(answer.into_response()).await;
+    }
     let traceparent = trace.traceparent();
     // The carrier call needs neither this service's CPU nor its store: the
     // admission worker waits it out elsewhere (docs/design.md#admission).
+    // It ends by the client's deadline: an unknown outcome then releases
+    // the lease like any other.
     let outcome = seat
         .set_aside_while(state.carrier.buy_traced(
             &carrier_key(&lease.caller, request.parcel()),
             &CarrierLabelRequest::from(&request),
             Some(&traceparent),
+            deadline.map(|deadline| deadline.remaining()),
         ))
         .await;
     match outcome {

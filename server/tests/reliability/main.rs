@@ -16,6 +16,7 @@
 mod ambiguity;
 mod bad_input;
 mod crash;
+mod deadlines;
 mod fleet;
 mod lease_race;
 mod overload;
