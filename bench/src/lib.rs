@@ -26,6 +26,7 @@ pub mod intent;
 pub mod interrupt;
 pub mod machine;
 pub mod output;
+pub mod placement;
 pub mod progress;
 pub mod ramp;
 pub mod recorder;

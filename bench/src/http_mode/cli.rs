@@ -189,6 +189,11 @@ pub struct HttpArgs {
     /// instead of one redis-server.
     #[arg(long)]
     pub redis_cluster: bool,
+    /// Pin a spawned Label service and the store servers spawned with it to
+    /// CPU 0, and idem-bench and the carrier simulator to CPU 1 (taskset),
+    /// so the service's figures do not depend on the client's CPU use.
+    #[arg(long)]
+    pub split_cpus: bool,
     /// store.kind of a spawned server.
     #[arg(long, value_enum, default_value_t = StoreKind::Embedded)]
     pub store_kind: StoreKind,

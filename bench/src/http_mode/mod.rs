@@ -44,6 +44,8 @@ pub enum HttpError {
     Plan(#[from] PlanError),
     #[error("the Label service at {url} is not reachable: {detail}")]
     Unreachable { url: String, detail: String },
+    #[error(transparent)]
+    Placement(#[from] crate::placement::PlacementError),
 }
 
 /// Where the Label service is.
@@ -70,6 +72,9 @@ pub struct HttpRun {
     pub phases: Option<(Vec<overload::Phase>, bool)>,
     pub slo_p99_ms: f64,
     pub seed: u64,
+    /// The service and its stores on one CPU, the bench and the carrier on
+    /// the other ([`crate::placement`]).
+    pub split_cpus: bool,
 }
 
 impl HttpRun {
@@ -100,6 +105,7 @@ impl HttpRun {
             phases: profile_phases(args),
             slo_p99_ms: args.load.slo_p99_ms,
             seed,
+            split_cpus: args.split_cpus,
         }
     }
 
@@ -119,6 +125,7 @@ impl HttpRun {
             phases: None,
             slo_p99_ms: args.load.slo_p99_ms,
             seed,
+            split_cpus: false,
         }
     }
 
@@ -313,6 +320,7 @@ async fn start(run: &HttpRun) -> Result<Server, HttpError> {
                 spawned: None,
             })
         }
+        ServerTarget::Spawn(settings) if run.split_cpus => spawn_split(settings).await,
         ServerTarget::Spawn(settings) => {
             let spawned = spawn::spawn(settings).await?;
             Ok(Server {
@@ -322,6 +330,29 @@ async fn start(run: &HttpRun) -> Result<Server, HttpError> {
             })
         }
     }
+}
+
+/// Spawns the service and its stores on [`placement::SERVICE_CPU`] (they
+/// inherit the bench's CPU while it is pinned there), then moves the bench
+/// and the carrier simulator to [`placement::CLIENT_CPU`].
+async fn spawn_split(settings: &SpawnSettings) -> Result<Server, HttpError> {
+    use crate::placement::{CLIENT_CPU, SERVICE_CPU, check_cpus, pin};
+    check_cpus()?;
+    let bench = std::process::id();
+    pin(bench, SERVICE_CPU)?;
+    let mut spawned = spawn::spawn(settings).await?;
+    if let Some(carrier) = spawned.carrier_pid() {
+        pin(carrier, CLIENT_CPU)?;
+    }
+    pin(bench, CLIENT_CPU)?;
+    spawned.notes.push(format!(
+        "placement: label service and stores on CPU {SERVICE_CPU}, idem-bench and the carrier simulator on CPU {CLIENT_CPU}"
+    ));
+    Ok(Server {
+        base_urls: spawned.base_urls.clone(),
+        carrier_url: spawned.carrier_url.clone(),
+        spawned: Some(spawned),
+    })
 }
 
 /// The phases of the profile `args` asks for, if it has phases.
