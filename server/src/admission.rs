@@ -588,7 +588,9 @@ impl WorkerPool {
             Some(remaining) if remaining < allowed => (remaining, Shed::Deadline),
             _ => (allowed, Shed::QueueDelay),
         };
-        let mut place = QueuePlace::enter(self)?;
+        let Some(mut place) = QueuePlace::enter(self)? else {
+            return Ok(());
+        };
         match tokio::time::timeout(wait, &mut place.handover).await {
             Ok(Ok(())) => {
                 place.admitted = true;
@@ -612,8 +614,18 @@ struct QueuePlace<'a> {
 }
 
 impl<'a> QueuePlace<'a> {
-    fn enter(pool: &'a WorkerPool) -> Result<Self, Shed> {
+    /// A place at the back of the queue; `None` when a worker was given
+    /// back since the request found none, which it takes instead (checked
+    /// under the lock every hand-over takes, so no worker stays free while
+    /// a request waits).
+    fn enter(pool: &'a WorkerPool) -> Result<Option<Self>, Shed> {
         let mut state = pool.lock();
+        if state.free > 0 {
+            state.free -= 1;
+            state.held += 1;
+            pool.check(&state);
+            return Ok(None);
+        }
         if state.waiters.len() >= pool.queue_max {
             return Err(Shed::QueueFull);
         }
@@ -622,12 +634,12 @@ impl<'a> QueuePlace<'a> {
         let (sender, receiver) = oneshot::channel();
         state.waiters.push_back(Waiter { id, handover: sender });
         metrics::gauge!(ADMISSION_QUEUE_WAITING).set(state.waiters.len() as f64);
-        Ok(Self {
+        Ok(Some(Self {
             pool,
             id,
             handover: receiver,
             admitted: false,
-        })
+        }))
     }
 
     /// At the end of its wait: whether a worker was handed over just in
@@ -1005,6 +1017,23 @@ mod tests {
         assert!(waiter.await.expect_err("aborted").is_cancelled());
         assert_eq!(admission.free_workers(), 1, "the worker is not lost");
         admission.admit("b").await.expect("and serves the next request");
+    }
+
+    /// A worker given back between a request's look for a free one and its
+    /// entry into the queue (another thread's) is taken at the entry, not
+    /// left free while the request waits.
+    #[test]
+    fn entering_the_queue_takes_a_worker_freed_meanwhile() {
+        let pool = WorkerPool::new(&config(1, 10));
+        assert!(
+            QueuePlace::enter(&pool).expect("room").is_none(),
+            "the free worker is taken"
+        );
+        assert_eq!((pool.lock().free, pool.lock().held), (0, 1));
+        let place = QueuePlace::enter(&pool).expect("room").expect("none free: queued");
+        assert_eq!(pool.lock().waiters.len(), 1);
+        drop(place);
+        assert_eq!(pool.lock().waiters.len(), 0, "a place dropped leaves the queue");
     }
 
     #[tokio::test(start_paused = true)]
