@@ -123,7 +123,7 @@ const ABANDON: &str = concat!(
 
 /// Milliseconds as a PostgreSQL bigint. Policy values are bounded far below
 /// `i64::MAX` (`store_core::RETENTION_MS_MAX`), so this never saturates.
-fn bigint_ms(ms: u64) -> i64 {
+pub(crate) fn bigint_ms(ms: u64) -> i64 {
     i64::try_from(ms).unwrap_or(i64::MAX)
 }
 
@@ -152,8 +152,21 @@ pub(crate) async fn claim<C: GenericClient>(
         &retention_ms,
     ];
     let row = client.query_one(&statement, &params).await?;
-    let now_ms = time_column(&row, "now")?;
-    if boolean_column(&row, "inserted")? {
+    Ok(claim_decision(&row, request, policy)?)
+}
+
+/// What a claim statement's row decides (this one's, or one row of the
+/// batched claim in `batch.rs`, which has the same columns): the machine's
+/// outcome, or `None` for the locked path. The row has `now`, `inserted`
+/// (this statement inserted the key's first record), `found` (the
+/// statement's snapshot held a record) and that record's columns.
+pub(crate) fn claim_decision(
+    row: &Row,
+    request: &ClaimRequest,
+    policy: &Policy,
+) -> Result<Option<ClaimOutcome>, StoreError> {
+    let now_ms = time_column(row, "now")?;
+    if boolean_column(row, "inserted")? {
         let step = machine::claim(Found::Nothing, request, now_ms, policy);
         assert!(
             matches!((&step.write, &step.outcome), (Write::Put(_), ClaimOutcome::Acquired(_))),
@@ -161,12 +174,12 @@ pub(crate) async fn claim<C: GenericClient>(
         );
         return Ok(Some(step.outcome));
     }
-    if !boolean_column(&row, "found")? {
+    if !boolean_column(row, "found")? {
         // A tombstone (a late key), or a record committed after this
         // statement's snapshot: the locked path sees both.
         return Ok(None);
     }
-    let existing = record_from_row(&row)?;
+    let existing = record_from_row(row)?;
     let step = machine::claim(Found::Record(&existing), request, now_ms, policy);
     Ok(matches!(step.write, Write::Nothing).then_some(step.outcome))
 }
@@ -381,7 +394,7 @@ fn machine_agrees(step: Step<Fenced>) -> Result<Fenced, Attempt<StoreError>> {
     Ok(step.outcome)
 }
 
-fn boolean_column(row: &Row, name: &str) -> Result<bool, StoreError> {
+pub(crate) fn boolean_column(row: &Row, name: &str) -> Result<bool, StoreError> {
     row.try_get(name)
         .map_err(|error| StoreError::Corrupt(store_core::CodecError::Malformed(format!("column {name}: {error}"))))
 }

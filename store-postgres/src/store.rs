@@ -10,6 +10,9 @@
 //! transaction or lock outlives a call, so nothing is held while the handler
 //! talks to the carrier.
 
+use crate::batch::{
+    BatchedClaim, CLAIM_BATCH_QUEUED_ITEMS_MAX, CLAIM_BATCHES_IN_FLIGHT_MAX, ClaimBatchRunner, ClaimBatcher, ClaimItem,
+};
 use crate::config::{ConfigError, PostgresConfig};
 use crate::error::{Attempt, RETRY_BACKOFF_MS_MAX, TRANSACTION_ATTEMPTS_MAX};
 use crate::notify::ChangeListener;
@@ -22,9 +25,9 @@ use std::sync::Arc;
 use std::time::Duration;
 use store_core::machine::{self, Found, Write};
 use store_core::{
-    CallerId, ChangeHub, ClaimOutcome, ClaimRequest, Fenced, ForgetOutcome, HeldLease, IdempotencyKey,
-    IdempotencyStore, KeyDigest, PURGE_BATCH_MAX, Policy, PurgeReport, Record, RecordId, RecoveryPoint, SavedResponse,
-    StoreError,
+    BatchError, BatchLimits, Batcher, CallerId, ChangeHub, ClaimOutcome, ClaimRequest, Fenced, ForgetOutcome,
+    HeldLease, IdempotencyKey, IdempotencyStore, KeyDigest, PURGE_BATCH_MAX, Policy, PurgeReport, Record, RecordId,
+    RecoveryPoint, SavedResponse, StoreError,
 };
 
 const SELECT_CLOCK: &str = "SELECT now() AS now";
@@ -109,9 +112,12 @@ const PURGE_TOMBSTONES: &str = "WITH due AS (\
 pub struct PostgresStore {
     pub(crate) pool: Pool,
     pub(crate) policy: Policy,
-    operation_timeout: Duration,
+    pub(crate) operation_timeout: Duration,
     /// Waiters on this instance, woken by its change listener (`notify.rs`).
     changes: ChangeHub,
+    /// Claims batched across calls (`batch.rs`); `None` when the config's
+    /// `batch_items_max` is 1, and every claim goes alone.
+    claims: Option<ClaimBatcher>,
 }
 
 impl std::fmt::Debug for PostgresStore {
@@ -133,12 +139,31 @@ impl PostgresStore {
             let (driver_config, tls) = config.listener_config()?;
             ChangeListener::new(driver_config, tls, pool.clone(), config.operation_timeout())
         };
+        let claims = Self::claim_batcher(config, &pool)?;
         Ok(Self {
             pool,
             policy,
             operation_timeout: config.operation_timeout(),
             changes: ChangeHub::with_source(Arc::new(listener)),
+            claims,
         })
+    }
+
+    fn claim_batcher(config: &PostgresConfig, pool: &Pool) -> Result<Option<ClaimBatcher>, ConfigError> {
+        if config.batch_items_max == 1 {
+            return Ok(None);
+        }
+        let limits = BatchLimits::new(
+            config.batch_items_max,
+            CLAIM_BATCH_QUEUED_ITEMS_MAX,
+            CLAIM_BATCHES_IN_FLIGHT_MAX,
+        )
+        .map_err(|_| ConfigError::BatchItems(config.batch_items_max))?;
+        let runner = ClaimBatchRunner {
+            pool: pool.clone(),
+            operation_timeout: config.operation_timeout(),
+        };
+        Ok(Some(Batcher::new(runner, limits)))
     }
 
     pub fn policy(&self) -> &Policy {
@@ -196,6 +221,48 @@ impl PostgresStore {
             detail: last_conflict,
         }
         .into())
+    }
+
+    /// The claim's batch, or [`BatchedClaim::Alone`] without batching or
+    /// when the batch's lane ended without an answer.
+    pub(crate) async fn claim_in_batch(&self, request: &ClaimRequest) -> Result<BatchedClaim, StoreError> {
+        let Some(claims) = &self.claims else {
+            return Ok(BatchedClaim::Alone);
+        };
+        let item = ClaimItem {
+            slot: Slot::new(&request.caller, &request.key),
+            request: request.clone(),
+            policy: self.policy,
+        };
+        match claims.submit(item).await {
+            Ok(batched) => Ok(batched),
+            Err(BatchError::Lost) => Ok(BatchedClaim::Alone),
+            Err(refused @ BatchError::QueueFull { .. }) => Err(StoreError::unavailable(
+                "postgresql claims are queued past their bound",
+                refused,
+            )),
+        }
+    }
+
+    /// A claim the batch did not decide, on the path the batch chose.
+    pub(crate) async fn finish_claim(
+        &self,
+        request: &ClaimRequest,
+        batched: BatchedClaim,
+    ) -> Result<ClaimOutcome, StoreError> {
+        match batched {
+            BatchedClaim::Decided(outcome) => Ok(outcome),
+            BatchedClaim::Locked => {
+                let slot = Slot::new(&request.caller, &request.key);
+                self.with_retries(|| async {
+                    let mut connection = self.pool.get().await?;
+                    self.claim_locked(&mut connection, &slot, request).await
+                })
+                .await
+            }
+            BatchedClaim::Alone => self.with_retries(|| self.claim_once(request)).await,
+            BatchedClaim::Unavailable(detail) => Err(StoreError::Unavailable { detail, source: None }),
+        }
     }
 
     /// Transaction 1 of the specification: one statement when the key is
@@ -437,8 +504,12 @@ impl IdempotencyStore for PostgresStore {
         "postgres"
     }
 
+    /// In a batch with the claims that arrive while the previous batch is
+    /// in flight (`batch.rs`); what the batch does not decide takes the
+    /// locked path, or the whole unbatched path.
     async fn claim(&self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
-        self.with_retries(|| self.claim_once(request)).await
+        let batched = self.claim_in_batch(request).await?;
+        self.finish_claim(request, batched).await
     }
 
     async fn checkpoint(&self, lease: &HeldLease, point: RecoveryPoint) -> Result<Fenced, StoreError> {

@@ -15,8 +15,10 @@
 //! a small watchdog process that stops it and removes its directory once the
 //! test process has exited, however it exited.
 
+use crate::batch::{BatchedClaim, ClaimBatchRunner, ClaimItem};
 use crate::config::{PostgresConfig, SslMode};
 use crate::migrate::{MigrateError, Migration};
+use crate::row::Slot;
 use crate::store::PostgresStore;
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::process::CommandExt;
@@ -24,7 +26,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
-use store_core::Policy;
+use store_core::{BatchRunner, ClaimOutcome, ClaimRequest, Policy, StoreError};
 use tempfile::TempDir;
 use test_support::tls::TestCertificates;
 
@@ -132,6 +134,38 @@ impl TestDatabase {
         store.migrate(extra).await?;
         Ok(store)
     }
+}
+
+/// Runs `requests` as one claim batch, as if they had all arrived while the
+/// previous batch was in flight, and then finishes each claim, in order, on
+/// the path its batch outcome chose, as [`PostgresStore`]'s `claim` does.
+/// Returns what the batch decided for each claim and the claim's outcome:
+/// the tests' way to put chosen claims (the same key twice, conflicting
+/// rows) into one batch, which concurrent calls do only by chance.
+pub async fn claim_in_one_batch(
+    store: &PostgresStore,
+    requests: &[ClaimRequest],
+) -> Vec<(BatchedClaim, Result<ClaimOutcome, StoreError>)> {
+    let items = requests
+        .iter()
+        .map(|request| ClaimItem {
+            slot: Slot::new(&request.caller, &request.key),
+            request: request.clone(),
+            policy: *store.policy(),
+        })
+        .collect();
+    let runner = ClaimBatchRunner {
+        pool: store.pool().clone(),
+        operation_timeout: store.operation_timeout,
+    };
+    let batched = runner.run(items).await;
+    assert_eq!(batched.len(), requests.len(), "one outcome per claim");
+    let mut outcomes = Vec::with_capacity(requests.len());
+    for (request, batched) in requests.iter().zip(batched) {
+        let outcome = store.finish_claim(request, batched.clone()).await;
+        outcomes.push((batched, outcome));
+    }
+    outcomes
 }
 
 impl PostgresServer {

@@ -12,7 +12,14 @@
 //! wrote or reported must lie between what the machine gives at those two
 //! instants, and everything else must be equal. The records' times sit a
 //! minute away from the clock, so no decision depends on which instant
-//! within the call the statement ran at.
+//! within the call the statement ran at. Each case runs on a store that
+//! batches claims (a lone claim is a batch of one) or on one that does not.
+//!
+//! Claim batches (`src/batch.rs`) get the same treatment: random keys in
+//! random states, a random batch of claims over them (keys repeat), put into
+//! one batch by the testkit; every claim's outcome and every key's row must
+//! be the machine's with the claims applied one after the other in the
+//! batch's order.
 
 mod common;
 
@@ -23,7 +30,10 @@ use store_core::{
     CallerId, ClaimOutcome, ClaimRequest, Fenced, Fingerprint, HeldLease, IdempotencyKey, IdempotencyStore, Lease,
     LeaseToken, Policy, Record, RecordState, RecoveryPoint, SavedResponse,
 };
-use store_postgres::{Migration, ROW_EFFECT_FIRST_PARAMETER, RowCompletion, RowEffect};
+use store_postgres::testkit::{TestDatabase, claim_in_one_batch};
+use store_postgres::{
+    BatchedClaim, Migration, PostgresConfig, PostgresStore, ROW_EFFECT_FIRST_PARAMETER, RowCompletion, RowEffect,
+};
 use tokio_postgres::Client;
 use uuid::Uuid;
 
@@ -490,26 +500,383 @@ async fn effect_row(client: &Client, key: &IdempotencyKey) -> Option<String> {
         .map(|row| row.get(0))
 }
 
+/// Two stores over one migrated database: claims batched (the default,
+/// where a lone claim is a batch of one) and not (`batch_items_max = 1`,
+/// every claim its own one-key statement).
+async fn batched_and_unbatched_stores() -> (PostgresStore, PostgresStore, Client, TestDatabase) {
+    let database = common::fresh_database().await;
+    let batched = database
+        .migrated_store(policy(), &[EFFECT_ROWS])
+        .await
+        .expect("migrated store");
+    let unbatched_config = PostgresConfig {
+        batch_items_max: 1,
+        ..database.config()
+    };
+    let unbatched = PostgresStore::new(&unbatched_config, policy()).expect("store without batching");
+    let client = common::raw_client(&database.url).await;
+    (batched, unbatched, client, database)
+}
+
 #[test]
 fn one_statement_transitions_agree_with_the_state_machine() {
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
-    let (store, client, _database) = runtime.block_on(async {
-        let database = common::fresh_database().await;
-        let store = database
-            .migrated_store(policy(), &[EFFECT_ROWS])
-            .await
-            .expect("migrated store");
-        let client = common::raw_client(&database.url).await;
-        (store, client, database)
-    });
+    let (batched, unbatched, client, _database) = runtime.block_on(batched_and_unbatched_stores());
     let mut runner = TestRunner::new(Config {
         cases: CASES,
         ..Config::default()
     });
     runner
-        .run(&(initial(), transition()), |(initial, transition)| {
-            runtime.block_on(run_case(&store, &client, initial, transition));
+        .run(
+            &(initial(), transition(), any::<bool>()),
+            |(initial, transition, batching)| {
+                let store = if batching { &batched } else { &unbatched };
+                runtime.block_on(run_case(store, &client, initial, transition));
+                Ok(())
+            },
+        )
+        .expect("every case agrees with the machine");
+}
+
+/// Keys one batch case spreads its claims over, so that keys repeat.
+const BATCH_KEYS: usize = 3;
+/// Claims in one batch case at most.
+const BATCH_CLAIMS_MAX: usize = 6;
+/// Batch cases per run: each is a dozen round trips.
+const BATCH_CASES: u32 = 64;
+const THIRD: LeaseToken = LeaseToken(0xC);
+
+/// One claim of a batch: which key, which attempt, and whether its body is
+/// the one the key's initial record was made with.
+#[derive(Debug, Clone)]
+struct BatchClaim {
+    key: usize,
+    token: LeaseToken,
+    same_body: bool,
+}
+
+fn batch_claims() -> impl Strategy<Value = Vec<BatchClaim>> {
+    let claim = (
+        0..BATCH_KEYS,
+        prop_oneof![Just(HOLDER), Just(OTHER), Just(THIRD)],
+        any::<bool>(),
+    )
+        .prop_map(|(key, token, same_body)| BatchClaim { key, token, same_body });
+    proptest::collection::vec(claim, 1..=BATCH_CLAIMS_MAX)
+}
+
+/// A key's state as the machine sees it between two claims.
+#[derive(Debug, Clone)]
+enum Known {
+    Nothing,
+    Tombstone,
+    Record(Record),
+}
+
+impl Known {
+    fn found(&self) -> Found<'_> {
+        match self {
+            Known::Nothing => Found::Nothing,
+            Known::Tombstone => Found::Tombstone,
+            Known::Record(record) => Found::Record(record),
+        }
+    }
+
+    fn row(&self) -> Option<Record> {
+        match self {
+            Known::Record(record) => Some(record.clone()),
+            Known::Nothing | Known::Tombstone => None,
+        }
+    }
+}
+
+/// The machine's claims one after the other, in the batch's order, all at
+/// `now_ms`: each claim's outcome and each key's row at the end.
+fn machine_claims_in_order(
+    mut keys: Vec<Known>,
+    claims: &[BatchClaim],
+    requests: &[ClaimRequest],
+    now_ms: u64,
+) -> (Vec<Reported>, Vec<Option<Record>>) {
+    let policy = policy();
+    let mut reported = Vec::new();
+    for (claim, request) in claims.iter().zip(requests) {
+        let step = machine::claim(keys[claim.key].found(), request, now_ms, &policy);
+        match step.write {
+            Write::Nothing => {}
+            Write::Put(record) => keys[claim.key] = Known::Record(record),
+            Write::Delete => keys[claim.key] = Known::Nothing,
+        }
+        reported.push(Reported::Claim(step.outcome));
+    }
+    (reported, keys.iter().map(Known::row).collect())
+}
+
+/// `actual` is the machine's value at `early` but for its times, and each
+/// time is within `span_ms` of the machine's: each claim of the batch ran at
+/// some instant in the span, and a time may be the difference of two.
+fn agrees_within<T: Times + PartialEq + std::fmt::Debug>(actual: &T, early: &T, late: &T, span_ms: u64, what: &str) {
+    assert_eq!(
+        actual.without_times(),
+        early.without_times(),
+        "{what}: differs from the machine"
+    );
+    assert_eq!(
+        early.without_times(),
+        late.without_times(),
+        "{what}: the machine's decision moved with the clock"
+    );
+    for (actual, early) in actual.times().iter().zip(&early.times()) {
+        assert!(
+            actual.abs_diff(*early) <= span_ms,
+            "{what}: time {actual} more than {span_ms} ms from the machine's {early}"
+        );
+    }
+}
+
+/// Puts each key's initial state in the table; returns what the machine
+/// starts from.
+async fn set_up_keys(client: &Client, caller: &CallerId, keys: &[IdempotencyKey], initial: &[Initial]) -> Vec<Known> {
+    let setup_now_ms = database_now_ms(client).await;
+    let mut known = Vec::new();
+    for (key, initial) in keys.iter().zip(initial) {
+        let record = record_of(initial, setup_now_ms);
+        known.push(match (initial, record) {
+            (Initial::Tombstone, _) => {
+                insert_tombstone(client, caller, key, setup_now_ms).await;
+                Known::Tombstone
+            }
+            (_, Some(record)) => {
+                insert_raw(client, caller, key, &record).await;
+                Known::Record(record)
+            }
+            (_, None) => Known::Nothing,
+        });
+    }
+    known
+}
+
+async fn run_batch_case(store: &PostgresStore, client: &Client, initial: Vec<Initial>, claims: Vec<BatchClaim>) {
+    let caller = CallerId::new("differential").expect("valid caller");
+    let keys: Vec<IdempotencyKey> = (0..BATCH_KEYS)
+        .map(|_| IdempotencyKey::new(&format!("batch-{:032x}", rand::random::<u128>())).expect("valid key"))
+        .collect();
+    let known = set_up_keys(client, &caller, &keys, &initial).await;
+    let requests: Vec<ClaimRequest> = claims
+        .iter()
+        .map(|claim| ClaimRequest {
+            caller: caller.clone(),
+            key: keys[claim.key].clone(),
+            fingerprint: fingerprint(claim.same_body),
+            token: claim.token,
+        })
+        .collect();
+    let before_ms = database_now_ms(client).await;
+    let results = claim_in_one_batch(store, &requests).await;
+    let after_ms = database_now_ms(client).await;
+    let what = format!("{initial:?} then the batch {claims:?}");
+    for (index, (batched, _)) in results.iter().enumerate() {
+        if claims[..index].iter().any(|earlier| earlier.key == claims[index].key) {
+            assert_eq!(
+                batched,
+                &BatchedClaim::Alone,
+                "{what}: claim {index} repeats a key, so goes alone"
+            );
+        }
+    }
+    let (early, early_rows) = machine_claims_in_order(known.clone(), &claims, &requests, before_ms);
+    let (late, late_rows) = machine_claims_in_order(known, &claims, &requests, after_ms);
+    let span_ms = after_ms - before_ms;
+    for (index, (_, outcome)) in results.into_iter().enumerate() {
+        let actual = Reported::Claim(outcome.expect("claim"));
+        let what = format!("{what}: claim {index}");
+        agrees_within(&actual, &early[index], &late[index], span_ms, &what);
+    }
+    for (index, key) in keys.iter().enumerate() {
+        let row = store.inspect(&caller, key).await.expect("inspect");
+        let what = format!("{what}: row of key {index}");
+        agrees_within(&row, &early_rows[index], &late_rows[index], span_ms, &what);
+    }
+}
+
+#[test]
+fn claim_batches_agree_with_the_state_machine_claim_by_claim() {
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let (store, _unbatched, client, _database) = runtime.block_on(batched_and_unbatched_stores());
+    let mut runner = TestRunner::new(Config {
+        cases: BATCH_CASES,
+        ..Config::default()
+    });
+    let initials = proptest::collection::vec(initial(), BATCH_KEYS);
+    runner
+        .run(&(initials, batch_claims()), |(initial, claims)| {
+            runtime.block_on(run_batch_case(&store, &client, initial, claims));
             Ok(())
         })
-        .expect("every case agrees with the machine");
+        .expect("every batch agrees with the machine claim by claim");
+}
+
+/// One claim request of the explicit batch cases below.
+fn claim_of(caller: &CallerId, key: &IdempotencyKey, token: LeaseToken, same_body: bool) -> ClaimRequest {
+    ClaimRequest {
+        caller: caller.clone(),
+        key: key.clone(),
+        fingerprint: fingerprint(same_body),
+        token,
+    }
+}
+
+fn new_key(name: &str) -> IdempotencyKey {
+    IdempotencyKey::new(&format!("{name}-{:032x}", rand::random::<u128>())).expect("valid key")
+}
+
+/// What each pair of claims of one key answers in one batch must be what it
+/// answers when the same two claims come one after the other.
+#[tokio::test]
+async fn the_same_key_twice_in_one_batch_answers_as_two_claims_one_after_the_other() {
+    let (store, _unbatched, _client, _database) = batched_and_unbatched_stores().await;
+    let caller = CallerId::new("twice").expect("valid caller");
+    // (second token, second body the same): another attempt, the same
+    // attempt re-sent, another request under the same key.
+    for (second_token, same_body) in [(OTHER, true), (HOLDER, true), (OTHER, false)] {
+        let (in_batch, in_turn) = (new_key("in-batch"), new_key("in-turn"));
+        let batch = [
+            claim_of(&caller, &in_batch, HOLDER, true),
+            claim_of(&caller, &in_batch, second_token, same_body),
+        ];
+        let results = claim_in_one_batch(&store, &batch).await;
+        assert!(matches!(results[0].0, BatchedClaim::Decided(ClaimOutcome::Acquired(_))));
+        assert_eq!(
+            results[1].0,
+            BatchedClaim::Alone,
+            "the repeated key stays out of the statement"
+        );
+        let first = store
+            .claim(&claim_of(&caller, &in_turn, HOLDER, true))
+            .await
+            .expect("first");
+        let second = store
+            .claim(&claim_of(&caller, &in_turn, second_token, same_body))
+            .await
+            .expect("second");
+        for (batched, alone) in results.into_iter().map(|(_, outcome)| outcome).zip([first, second]) {
+            let mut batched = batched.expect("claim");
+            if let ClaimOutcome::Acquired(acquired) = &mut batched {
+                // The one difference allowed: the key's name.
+                acquired.lease.key = in_turn.clone();
+            }
+            let (batched, alone) = (Reported::Claim(batched), Reported::Claim(alone));
+            assert_eq!(
+                batched.without_times(),
+                alone.without_times(),
+                "{second_token:?}, {same_body}"
+            );
+        }
+    }
+}
+
+/// One batch over keys in every state: each claim gets its own key's
+/// answer, and the ones the statement cannot decide take the locked path.
+#[tokio::test]
+async fn a_batch_decides_each_claim_by_its_own_row() {
+    let (store, _unbatched, client, _database) = batched_and_unbatched_stores().await;
+    let caller = CallerId::new("mixed").expect("valid caller");
+    let initial = [
+        Initial::Nothing,
+        Initial::Completed {
+            by: OTHER,
+            expired: false,
+            same_body: true,
+        },
+        Initial::Started {
+            holder: OTHER,
+            lease_live: true,
+            point: false,
+            expired: false,
+            same_body: true,
+        },
+        // A lost lease: expired, so this claim takes the key over.
+        Initial::Started {
+            holder: OTHER,
+            lease_live: false,
+            point: true,
+            expired: false,
+            same_body: true,
+        },
+        Initial::Tombstone,
+        Initial::Completed {
+            by: OTHER,
+            expired: false,
+            same_body: false,
+        },
+    ];
+    let keys: Vec<IdempotencyKey> = (0..initial.len()).map(|_| new_key("mixed")).collect();
+    set_up_keys(&client, &caller, &keys, &initial).await;
+    let requests: Vec<ClaimRequest> = keys.iter().map(|key| claim_of(&caller, key, HOLDER, true)).collect();
+    let results = claim_in_one_batch(&store, &requests).await;
+    let kinds: Vec<(&str, &str)> = results
+        .iter()
+        .map(|(batched, outcome)| {
+            let batched = match batched {
+                BatchedClaim::Decided(_) => "decided",
+                BatchedClaim::Locked => "locked",
+                BatchedClaim::Alone => "alone",
+                BatchedClaim::Unavailable(_) => "unavailable",
+            };
+            (batched, outcome.as_ref().expect("claim").kind())
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            ("decided", "acquired"),
+            ("decided", "replay"),
+            ("decided", "in_progress"),
+            ("locked", "acquired"),
+            ("locked", "acquired"),
+            ("decided", "mismatch"),
+        ]
+    );
+    let Ok(ClaimOutcome::Acquired(takeover)) = &results[3].1 else {
+        panic!("the expired lease is taken over");
+    };
+    assert!(takeover.takeover && takeover.recovery_point == Some(point()));
+    let Ok(ClaimOutcome::Acquired(late)) = &results[4].1 else {
+        panic!("the tombstoned key is acquired");
+    };
+    assert!(late.late_key, "a tombstoned key is a late key");
+}
+
+/// Many claims of few keys at once through the store's `claim`, batched as
+/// they happen to arrive: each key is acquired exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_claims_of_few_keys_acquire_each_key_once() {
+    const KEYS: usize = 8;
+    const ATTEMPTS_PER_KEY: usize = 8;
+    let (store, _unbatched, _client, _database) = batched_and_unbatched_stores().await;
+    let caller = CallerId::new("concurrent").expect("valid caller");
+    let keys: Vec<IdempotencyKey> = (0..KEYS).map(|_| new_key("concurrent")).collect();
+    let mut tasks = Vec::new();
+    for attempt in 0..ATTEMPTS_PER_KEY {
+        for key in &keys {
+            let (store, request) = (
+                store.clone(),
+                claim_of(&caller, key, LeaseToken(attempt as u128 + 1), true),
+            );
+            tasks.push(tokio::spawn(async move {
+                (request.key.clone(), store.claim(&request).await)
+            }));
+        }
+    }
+    let mut acquired = std::collections::HashMap::new();
+    for task in tasks {
+        let (key, outcome) = task.await.expect("task");
+        match outcome.expect("claim") {
+            ClaimOutcome::Acquired(_) => *acquired.entry(key).or_insert(0) += 1,
+            ClaimOutcome::InProgress { .. } => {}
+            other => panic!("a live lease answers in progress, not {other:?}"),
+        }
+    }
+    assert_eq!(acquired.len(), KEYS, "every key acquired");
+    assert!(acquired.values().all(|&count| count == 1), "{acquired:?}");
 }
