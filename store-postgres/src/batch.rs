@@ -124,7 +124,8 @@ impl BatchRunner for ClaimBatchRunner {
 
     async fn run(&self, items: Vec<ClaimItem>) -> Vec<BatchedClaim> {
         let mut outcomes = vec![BatchedClaim::Alone; items.len()];
-        let statement_items = first_claims_in_lock_order(&items);
+        let slots: Vec<&Slot> = items.iter().map(|item| &item.slot).collect();
+        let statement_items = first_of_each_key_in_lock_order(&slots);
         let run = self.run_statement(&items, &statement_items);
         match tokio::time::timeout(self.operation_timeout, run).await {
             Ok(Ok(decided)) => {
@@ -150,16 +151,17 @@ impl BatchRunner for ClaimBatchRunner {
     }
 }
 
-/// The indices of the items that go into the statement: each key's first
-/// claim, sorted by (caller, key digest), the order the statement inserts
-/// in. Later claims of a key stay out (they go alone, after the statement).
-fn first_claims_in_lock_order(items: &[ClaimItem]) -> Vec<usize> {
-    let mut seen = HashSet::with_capacity(items.len());
-    let mut first: Vec<usize> = (0..items.len())
-        .filter(|&index| seen.insert((&items[index].slot.caller, &items[index].slot.key_digest)))
+/// The indices of the items that go into a batch's statements: each key's
+/// first item, sorted by (caller, key digest), the order the statements
+/// lock rows in. Later items of a key stay out (they go alone, after the
+/// batch).
+pub(crate) fn first_of_each_key_in_lock_order(slots: &[&Slot]) -> Vec<usize> {
+    let mut seen = HashSet::with_capacity(slots.len());
+    let mut first: Vec<usize> = (0..slots.len())
+        .filter(|&index| seen.insert((&slots[index].caller, &slots[index].key_digest)))
         .collect();
     first.sort_by(|&a, &b| {
-        let (a, b) = (&items[a].slot, &items[b].slot);
+        let (a, b) = (slots[a], slots[b]);
         (&a.caller, &a.key_digest).cmp(&(&b.caller, &b.key_digest))
     });
     first

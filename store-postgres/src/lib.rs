@@ -18,6 +18,7 @@
 //!   are noticed.
 
 mod batch;
+mod completion_batch;
 mod config;
 mod effect;
 mod error;
@@ -31,6 +32,9 @@ pub mod testkit;
 mod tls;
 
 pub use batch::{BatchedClaim, CLAIM_BATCH_QUEUED_ITEMS_MAX, CLAIM_BATCHES_IN_FLIGHT_MAX};
+pub use completion_batch::{
+    BatchedCompletion, COMPLETION_BATCH_QUEUED_ITEMS_MAX, COMPLETION_BATCHES_IN_FLIGHT_MAX, OwnedRowEffect,
+};
 pub use config::{
     BATCH_ITEMS_MAX, BATCH_ITEMS_MAX_DEFAULT, CONNECT_TIMEOUT_MS_DEFAULT, ConfigError,
     IDLE_IN_TRANSACTION_TIMEOUT_MS_DEFAULT, OPERATION_TIMEOUT_MS_DEFAULT, POOL_SIZE_DEFAULT, POOL_SIZE_MAX,

@@ -242,7 +242,7 @@ pub(crate) async fn fenced_write<C: GenericClient>(
 }
 
 /// The parameters `$1` to `$8` of a completion ([`completion_columns!`]).
-struct CompletionParams<'a> {
+pub(crate) struct CompletionParams<'a> {
     slot: &'a Slot,
     token: uuid::Uuid,
     status: i32,
@@ -253,7 +253,7 @@ struct CompletionParams<'a> {
 }
 
 impl<'a> CompletionParams<'a> {
-    fn new(slot: &'a Slot, lease: &HeldLease, response: &'a SavedResponse, policy: &Policy) -> Self {
+    pub(crate) fn new(slot: &'a Slot, lease: &HeldLease, response: &'a SavedResponse, policy: &Policy) -> Self {
         Self {
             slot,
             token: token_to_uuid(lease.token),
@@ -265,7 +265,7 @@ impl<'a> CompletionParams<'a> {
         }
     }
 
-    fn params(&self) -> [&(dyn ToSql + Sync); 8] {
+    pub(crate) fn params(&self) -> [&(dyn ToSql + Sync); 8] {
         [
             &self.slot.caller,
             &self.slot.key_digest,
@@ -292,7 +292,7 @@ pub(crate) const ROW_EFFECT_FIRST_PARAMETER: usize = 9;
 /// reads what is there. The last column divides by zero, aborting the
 /// statement, if the row went in without the completion: an effect never
 /// commits alone, whatever the planner does.
-fn completion_with_row_statement(into: &str, values: &str) -> String {
+pub(crate) fn completion_with_row_statement(into: &str, values: &str) -> String {
     format!(
         concat!(
             "WITH clock AS (SELECT date_trunc('milliseconds', now()) AS now), ",
@@ -344,11 +344,24 @@ pub(crate) async fn complete_with_row<C: GenericClient>(
         }
         Err(error) => return Err(error.into()),
     };
-    if !boolean_column(&row, "completed")? {
+    completion_with_row_decision(&row, lease, response, policy)
+}
+
+/// What a completion-with-row statement's row says (this one's, or one of
+/// a batch's in `completion_batch.rs`): `Some(Applied)` when it completed
+/// the record, which the machine must agree with, `None` when it wrote
+/// nothing.
+pub(crate) fn completion_with_row_decision(
+    row: &Row,
+    lease: &HeldLease,
+    response: &SavedResponse,
+    policy: &Policy,
+) -> Result<Option<Fenced>, Attempt<StoreError>> {
+    if !boolean_column(row, "completed")? {
         return Ok(None);
     }
-    let previous = record_from_row(&row)?;
-    let now_ms = time_column(&row, "now")?;
+    let previous = record_from_row(row)?;
+    let now_ms = time_column(row, "now")?;
     let step = machine::complete(Found::Record(&previous), lease.token, response.clone(), now_ms, policy);
     machine_agrees(step).map(Some)
 }

@@ -13,6 +13,9 @@
 use crate::batch::{
     BatchedClaim, CLAIM_BATCH_QUEUED_ITEMS_MAX, CLAIM_BATCHES_IN_FLIGHT_MAX, ClaimBatchRunner, ClaimBatcher, ClaimItem,
 };
+use crate::completion_batch::{
+    COMPLETION_BATCH_QUEUED_ITEMS_MAX, COMPLETION_BATCHES_IN_FLIGHT_MAX, CompletionBatchRunner, CompletionBatcher,
+};
 use crate::config::{ConfigError, PostgresConfig};
 use crate::error::{Attempt, RETRY_BACKOFF_MS_MAX, TRANSACTION_ATTEMPTS_MAX};
 use crate::notify::ChangeListener;
@@ -118,6 +121,9 @@ pub struct PostgresStore {
     /// Claims batched across calls (`batch.rs`); `None` when the config's
     /// `batch_items_max` is 1, and every claim goes alone.
     claims: Option<ClaimBatcher>,
+    /// Completions with one effect row batched across calls
+    /// (`completion_batch.rs`); `None` as `claims`.
+    pub(crate) completions: Option<CompletionBatcher>,
 }
 
 impl std::fmt::Debug for PostgresStore {
@@ -140,13 +146,32 @@ impl PostgresStore {
             ChangeListener::new(driver_config, tls, pool.clone(), config.operation_timeout())
         };
         let claims = Self::claim_batcher(config, &pool)?;
+        let completions = Self::completion_batcher(config, &pool)?;
         Ok(Self {
             pool,
             policy,
             operation_timeout: config.operation_timeout(),
             changes: ChangeHub::with_source(Arc::new(listener)),
             claims,
+            completions,
         })
+    }
+
+    fn completion_batcher(config: &PostgresConfig, pool: &Pool) -> Result<Option<CompletionBatcher>, ConfigError> {
+        if config.batch_items_max == 1 {
+            return Ok(None);
+        }
+        let limits = BatchLimits::new(
+            config.batch_items_max,
+            COMPLETION_BATCH_QUEUED_ITEMS_MAX,
+            COMPLETION_BATCHES_IN_FLIGHT_MAX,
+        )
+        .map_err(|_| ConfigError::BatchItems(config.batch_items_max))?;
+        let runner = CompletionBatchRunner {
+            pool: pool.clone(),
+            operation_timeout: config.operation_timeout(),
+        };
+        Ok(Some(Batcher::new(runner, limits)))
     }
 
     fn claim_batcher(config: &PostgresConfig, pool: &Pool) -> Result<Option<ClaimBatcher>, ConfigError> {

@@ -16,7 +16,9 @@
 //! test process has exited, however it exited.
 
 use crate::batch::{BatchedClaim, ClaimBatchRunner, ClaimItem};
+use crate::completion_batch::{CompletionBatchRunner, CompletionItem, OwnedRowEffect};
 use crate::config::{PostgresConfig, SslMode};
+use crate::effect::RowCompletion;
 use crate::migrate::{MigrateError, Migration};
 use crate::row::Slot;
 use crate::store::PostgresStore;
@@ -26,7 +28,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
-use store_core::{BatchRunner, ClaimOutcome, ClaimRequest, Policy, StoreError};
+use store_core::{BatchRunner, ClaimOutcome, ClaimRequest, HeldLease, Policy, SavedResponse, StoreError};
 use tempfile::TempDir;
 use test_support::tls::TestCertificates;
 
@@ -164,6 +166,51 @@ pub async fn claim_in_one_batch(
     for (request, batched) in requests.iter().zip(batched) {
         let outcome = store.finish_claim(request, batched.clone()).await;
         outcomes.push((batched, outcome));
+    }
+    outcomes
+}
+
+/// One completion for [`complete_with_rows_in_one_batch`].
+#[derive(Debug)]
+pub struct BatchCompletion {
+    pub lease: HeldLease,
+    pub response: SavedResponse,
+    pub row: OwnedRowEffect,
+}
+
+/// Runs `completions` as one completion batch, as if they had all arrived
+/// while the previous batch was in flight, and then finishes each, in
+/// order, on the path its batch outcome chose, as
+/// [`PostgresStore::complete_with_row_in_batch`] does. Returns what the
+/// batch decided for each ([`crate::BatchedCompletion::kind`]) and its outcome.
+pub async fn complete_with_rows_in_one_batch(
+    store: &PostgresStore,
+    completions: Vec<BatchCompletion>,
+) -> Vec<(&'static str, Result<RowCompletion, StoreError>)> {
+    let finishing: Vec<(HeldLease, SavedResponse)> = completions
+        .iter()
+        .map(|completion| (completion.lease.clone(), completion.response.clone()))
+        .collect();
+    let items = completions
+        .into_iter()
+        .map(|completion| CompletionItem {
+            slot: Slot::new(&completion.lease.caller, &completion.lease.key),
+            lease: completion.lease,
+            response: completion.response,
+            policy: *store.policy(),
+            row: completion.row,
+        })
+        .collect();
+    let runner = CompletionBatchRunner {
+        pool: store.pool().clone(),
+        operation_timeout: store.operation_timeout,
+    };
+    let batched = runner.run(items).await;
+    assert_eq!(batched.len(), finishing.len(), "one outcome per completion");
+    let mut outcomes = Vec::with_capacity(finishing.len());
+    for ((lease, response), batched) in finishing.iter().zip(batched) {
+        let kind = batched.kind();
+        outcomes.push((kind, store.finish_completion(lease, response, batched).await));
     }
     outcomes
 }

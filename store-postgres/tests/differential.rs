@@ -30,9 +30,10 @@ use store_core::{
     CallerId, ClaimOutcome, ClaimRequest, Fenced, Fingerprint, HeldLease, IdempotencyKey, IdempotencyStore, Lease,
     LeaseToken, Policy, Record, RecordState, RecoveryPoint, SavedResponse,
 };
-use store_postgres::testkit::{TestDatabase, claim_in_one_batch};
+use store_postgres::testkit::{BatchCompletion, TestDatabase, claim_in_one_batch, complete_with_rows_in_one_batch};
 use store_postgres::{
-    BatchedClaim, Migration, PostgresConfig, PostgresStore, ROW_EFFECT_FIRST_PARAMETER, RowCompletion, RowEffect,
+    BatchedClaim, Migration, OwnedRowEffect, PostgresConfig, PostgresStore, ROW_EFFECT_FIRST_PARAMETER, RowCompletion,
+    RowEffect,
 };
 use tokio_postgres::Client;
 use uuid::Uuid;
@@ -879,4 +880,355 @@ async fn concurrent_claims_of_few_keys_acquire_each_key_once() {
     }
     assert_eq!(acquired.len(), KEYS, "every key acquired");
     assert!(acquired.values().all(|&count| count == 1), "{acquired:?}");
+}
+
+/// One completion of a batch: which key, with which lease token.
+#[derive(Debug, Clone)]
+struct BatchCompletionCase {
+    key: usize,
+    token: LeaseToken,
+}
+
+fn batch_completions() -> impl Strategy<Value = Vec<BatchCompletionCase>> {
+    let completion = (0..BATCH_KEYS, token()).prop_map(|(key, token)| BatchCompletionCase { key, token });
+    proptest::collection::vec(completion, 1..=BATCH_CLAIMS_MAX)
+}
+
+/// The effect row a batched completion inserts: `differential_effect_rows`
+/// keyed by `row_key`, made by `made_by`.
+fn owned_effect_row(row_key: &str, made_by: &str) -> OwnedRowEffect {
+    OwnedRowEffect {
+        into: "differential_effect_rows (key_name, made_by)",
+        values: "$9::text, $10::text",
+        params: vec![Box::new(row_key.to_owned()), Box::new(made_by.to_owned())],
+    }
+}
+
+async fn effect_row_by_name(client: &Client, row_key: &str) -> Option<String> {
+    client
+        .query_opt(
+            "SELECT made_by FROM differential_effect_rows WHERE key_name = $1",
+            &[&row_key],
+        )
+        .await
+        .expect("read the effect row")
+        .map(|row| row.get(0))
+}
+
+fn lease_of(caller: &CallerId, key: &IdempotencyKey, token: LeaseToken) -> HeldLease {
+    HeldLease {
+        caller: caller.clone(),
+        key: key.clone(),
+        token,
+        locked_until_ms: 0,
+    }
+}
+
+/// The machine's completions one after the other at `now_ms`, each with its
+/// key's effect row: what each answers, each key's row and who made each
+/// key's effect row at the end. `rows_made` starts with the rows already
+/// there.
+fn machine_completions_in_order(
+    mut keys: Vec<Known>,
+    mut rows_made: Vec<Option<String>>,
+    completions: &[BatchCompletionCase],
+    now_ms: u64,
+) -> (Vec<Reported>, Vec<Option<Record>>, Vec<Option<String>>) {
+    let policy = policy();
+    let mut reported = Vec::new();
+    for (index, completion) in completions.iter().enumerate() {
+        let found = keys[completion.key].found();
+        let held = matches!(
+            machine::completion_fence(found, completion.token, now_ms),
+            machine::CompletionFence::Held
+        );
+        if held && rows_made[completion.key].is_none() {
+            let step = machine::complete(
+                found,
+                completion.token,
+                saved(&format!("item {index}")),
+                now_ms,
+                &policy,
+            );
+            let Write::Put(record) = step.write else {
+                panic!("a held lease completes with a write");
+            };
+            keys[completion.key] = Known::Record(record);
+            rows_made[completion.key] = Some(format!("item {index}"));
+            reported.push(Reported::Row(RowCompletion::Committed));
+        } else {
+            reported.push(Reported::Row(RowCompletion::Undecided));
+        }
+    }
+    (reported, keys.iter().map(Known::row).collect(), rows_made)
+}
+
+async fn run_completion_batch_case(
+    store: &PostgresStore,
+    client: &Client,
+    initial: Vec<Initial>,
+    rows_there: Vec<bool>,
+    completions: Vec<BatchCompletionCase>,
+) {
+    let caller = CallerId::new("differential").expect("valid caller");
+    let keys: Vec<IdempotencyKey> = (0..BATCH_KEYS).map(|_| new_key("completion")).collect();
+    let known = set_up_keys(client, &caller, &keys, &initial).await;
+    for (key, there) in keys.iter().zip(&rows_there) {
+        if *there {
+            insert_effect_row(client, key, "another key").await;
+        }
+    }
+    let rows_made: Vec<Option<String>> = rows_there
+        .iter()
+        .map(|there| there.then(|| "another key".to_owned()))
+        .collect();
+    let batch = completions
+        .iter()
+        .enumerate()
+        .map(|(index, completion)| BatchCompletion {
+            lease: lease_of(&caller, &keys[completion.key], completion.token),
+            response: saved(&format!("item {index}")),
+            row: owned_effect_row(keys[completion.key].as_str(), &format!("item {index}")),
+        })
+        .collect();
+    let before_ms = database_now_ms(client).await;
+    let results = complete_with_rows_in_one_batch(store, batch).await;
+    let after_ms = database_now_ms(client).await;
+    let what = format!("{initial:?}, rows there {rows_there:?}, then the batch {completions:?}");
+    for (index, (kind, _)) in results.iter().enumerate() {
+        if completions[..index]
+            .iter()
+            .any(|earlier| earlier.key == completions[index].key)
+        {
+            assert_eq!(
+                *kind, "alone",
+                "{what}: completion {index} repeats a key, so goes alone"
+            );
+        }
+    }
+    let (early, early_rows, made) =
+        machine_completions_in_order(known.clone(), rows_made.clone(), &completions, before_ms);
+    let (late, late_rows, _) = machine_completions_in_order(known, rows_made, &completions, after_ms);
+    let span_ms = after_ms - before_ms;
+    for (index, (_, outcome)) in results.into_iter().enumerate() {
+        let actual = Reported::Row(outcome.expect("completion"));
+        agrees_within(
+            &actual,
+            &early[index],
+            &late[index],
+            span_ms,
+            &format!("{what}: completion {index}"),
+        );
+    }
+    for (index, key) in keys.iter().enumerate() {
+        let row = store.inspect(&caller, key).await.expect("inspect");
+        agrees_within(
+            &row,
+            &early_rows[index],
+            &late_rows[index],
+            span_ms,
+            &format!("{what}: row {index}"),
+        );
+        let effect = effect_row_by_name(client, key.as_str()).await;
+        assert_eq!(effect, made[index], "{what}: effect row of key {index}");
+    }
+}
+
+#[test]
+fn completion_batches_agree_with_the_state_machine_completion_by_completion() {
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let (store, _unbatched, client, _database) = runtime.block_on(batched_and_unbatched_stores());
+    let mut runner = TestRunner::new(Config {
+        cases: BATCH_CASES,
+        ..Config::default()
+    });
+    let initials = proptest::collection::vec(initial(), BATCH_KEYS);
+    let rows_there = proptest::collection::vec(any::<bool>(), BATCH_KEYS);
+    runner
+        .run(
+            &(initials, rows_there, batch_completions()),
+            |(initial, rows_there, completions)| {
+                runtime.block_on(run_completion_batch_case(
+                    &store,
+                    &client,
+                    initial,
+                    rows_there,
+                    completions,
+                ));
+                Ok(())
+            },
+        )
+        .expect("every completion batch agrees with the machine completion by completion");
+}
+
+/// One batch of completions in every situation: each commits or is left
+/// undecided by its own record's token and its own row, and what is left
+/// undecided wrote nothing.
+#[tokio::test]
+async fn a_completion_batch_fences_each_row_by_its_own_token() {
+    let (store, _unbatched, client, _database) = batched_and_unbatched_stores().await;
+    let caller = CallerId::new("fenced").expect("valid caller");
+    let started = |holder: LeaseToken, lease_live: bool| Initial::Started {
+        holder,
+        lease_live,
+        point: false,
+        expired: false,
+        same_body: true,
+    };
+    let initial = [
+        started(HOLDER, true),
+        // A lease lost to another attempt.
+        started(OTHER, true),
+        // Expired, but nobody took it over: the holder still completes.
+        started(HOLDER, false),
+        Initial::Completed {
+            by: HOLDER,
+            expired: false,
+            same_body: true,
+        },
+        // Its effect row is already there.
+        started(HOLDER, true),
+        Initial::Nothing,
+    ];
+    let keys: Vec<IdempotencyKey> = (0..initial.len()).map(|_| new_key("fenced")).collect();
+    let known = set_up_keys(&client, &caller, &keys, &initial).await;
+    insert_effect_row(&client, &keys[4], "another key").await;
+    let batch = keys
+        .iter()
+        .map(|key| BatchCompletion {
+            lease: lease_of(&caller, key, HOLDER),
+            response: saved("batched"),
+            row: owned_effect_row(key.as_str(), "batched"),
+        })
+        .collect();
+    let results = complete_with_rows_in_one_batch(&store, batch).await;
+    let outcomes: Vec<(&str, RowCompletion)> = results
+        .into_iter()
+        .map(|(kind, outcome)| (kind, outcome.expect("completion")))
+        .collect();
+    use RowCompletion::{Committed, Undecided};
+    assert_eq!(
+        outcomes,
+        [
+            ("committed", Committed),
+            ("undecided", Undecided),
+            ("committed", Committed),
+            ("undecided", Undecided),
+            ("undecided", Undecided),
+            ("undecided", Undecided),
+        ]
+    );
+    for index in [1, 3, 5] {
+        let row = store.inspect(&caller, &keys[index]).await.expect("inspect");
+        assert_eq!(
+            row,
+            known[index].row(),
+            "key {index}: an undecided completion writes nothing"
+        );
+        assert_eq!(
+            effect_row_by_name(&client, keys[index].as_str()).await,
+            None,
+            "key {index}"
+        );
+    }
+    assert_eq!(
+        effect_row_by_name(&client, keys[4].as_str()).await.as_deref(),
+        Some("another key")
+    );
+}
+
+/// Two keys of one batch whose effect rows collide: one commits its row and
+/// its record, the other is left undecided and writes nothing, as when the
+/// two come one after the other.
+#[tokio::test]
+async fn two_completions_of_one_batch_whose_rows_collide_commit_once() {
+    let (store, _unbatched, client, _database) = batched_and_unbatched_stores().await;
+    let caller = CallerId::new("collide").expect("valid caller");
+    let keys = [new_key("collide"), new_key("collide")];
+    let held = Initial::Started {
+        holder: HOLDER,
+        lease_live: true,
+        point: false,
+        expired: false,
+        same_body: true,
+    };
+    set_up_keys(&client, &caller, &keys, &[held.clone(), held]).await;
+    let shared_row = format!("shared-{:032x}", rand::random::<u128>());
+    let batch = keys
+        .iter()
+        .enumerate()
+        .map(|(index, key)| BatchCompletion {
+            lease: lease_of(&caller, key, HOLDER),
+            response: saved("collide"),
+            row: owned_effect_row(&shared_row, &format!("key {index}")),
+        })
+        .collect();
+    let results = complete_with_rows_in_one_batch(&store, batch).await;
+    let committed: Vec<usize> = results
+        .iter()
+        .enumerate()
+        .filter(|(_, (_, outcome))| outcome.as_ref().ok() == Some(&RowCompletion::Committed))
+        .map(|(index, _)| index)
+        .collect();
+    assert_eq!(committed.len(), 1, "{results:?}");
+    let winner = committed[0];
+    assert_eq!(
+        effect_row_by_name(&client, &shared_row).await,
+        Some(format!("key {winner}"))
+    );
+    let loser = 1 - winner;
+    let record = store
+        .inspect(&caller, &keys[loser])
+        .await
+        .expect("inspect")
+        .expect("record");
+    assert!(
+        matches!(record.state, RecordState::Started { .. }),
+        "the other stays started"
+    );
+}
+
+/// Completions at once through `complete_with_row_in_batch`, batched as
+/// they happen to arrive: every held lease commits its record and its row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_completions_each_commit_their_record_and_row() {
+    const COMPLETIONS: usize = 32;
+    let (store, _unbatched, client, _database) = batched_and_unbatched_stores().await;
+    let caller = CallerId::new("concurrent").expect("valid caller");
+    let mut leases = Vec::new();
+    for _ in 0..COMPLETIONS {
+        let request = claim_of(&caller, &new_key("concurrent"), HOLDER, true);
+        match store.claim(&request).await.expect("claim") {
+            ClaimOutcome::Acquired(acquired) => leases.push(acquired.lease),
+            other => panic!("a new key is acquired, not {other:?}"),
+        }
+    }
+    let tasks: Vec<_> = leases
+        .iter()
+        .cloned()
+        .map(|lease| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                let row = owned_effect_row(lease.key.as_str(), "concurrent");
+                store
+                    .complete_with_row_in_batch(&lease, &saved("concurrent"), row)
+                    .await
+            })
+        })
+        .collect();
+    for task in tasks {
+        assert_eq!(task.await.expect("task").expect("completion"), RowCompletion::Committed);
+    }
+    for lease in &leases {
+        let record = store
+            .inspect(&caller, &lease.key)
+            .await
+            .expect("inspect")
+            .expect("record");
+        assert!(matches!(record.state, RecordState::Completed { .. }));
+        assert_eq!(
+            effect_row_by_name(&client, lease.key.as_str()).await.as_deref(),
+            Some("concurrent")
+        );
+    }
 }
