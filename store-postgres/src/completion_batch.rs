@@ -1,12 +1,13 @@
-//! Completions with one effect row (a label), batched across requests: the
-//! completions that arrive while a batch is in flight commit together in
-//! one transaction, so a batch pays one round trip and one commit (one WAL
+//! Completions (with one effect row, a label, or plain), batched across
+//! requests: the completions that arrive while a batch is in flight commit
+//! together in one transaction, so a batch pays one round trip and one commit (one WAL
 //! flush) instead of one per completion (store-core's [`Batcher`]).
 //!
 //! Each completion of the batch is `one_statement.rs`'s guarded statement
 //! (lock and read the record; insert the row only if this completion's own
-//! lease token holds it; complete the record only if the row went in),
-//! with its own parameters; `BEGIN`, the statements and `COMMIT` go out
+//! lease token holds it; complete the record only if the row went in; for
+//! a plain completion, complete it only if the token holds it), with its
+//! own parameters; `BEGIN`, the statements and `COMMIT` go out
 //! pipelined on one connection. One statement over arrays is not possible
 //! here: a row effect's values are the caller's, of types only the caller
 //! knows. Each completion's row is judged by the machine exactly as the
@@ -16,7 +17,8 @@
 //!   its own record; a completion whose lease was lost or taken over, whose
 //!   record is completed already, or whose row is already there writes
 //!   nothing and answers [`BatchedCompletion::Undecided`] alone: the caller
-//!   takes `complete_with`'s transaction for it, as unbatched.
+//!   takes `complete_with`'s transaction (a plain completion the locked
+//!   path) for it, as unbatched.
 //! - **The same key twice in one batch.** Only a key's first completion is
 //!   in the transaction; its later ones go alone once it has committed, and
 //!   see its completed record, as if they had come one after the other.
@@ -34,7 +36,9 @@
 
 use crate::batch::first_of_each_key_in_lock_order;
 use crate::error::{Attempt, pool_error, store_error};
-use crate::one_statement::{CompletionParams, completion_with_row_decision, completion_with_row_statement};
+use crate::one_statement::{
+    COMPLETE, CompletionParams, complete_decision, completion_with_row_decision, completion_with_row_statement,
+};
 use crate::row::Slot;
 use async_trait::async_trait;
 use deadpool_postgres::{Client, Pool};
@@ -83,6 +87,15 @@ impl OwnedRowEffect {
     }
 }
 
+/// What a completion of a batch commits with its record.
+#[derive(Debug)]
+pub enum CompletionEffect {
+    /// One row ([`crate::PostgresStore::complete_with_row_in_batch`]).
+    Row(OwnedRowEffect),
+    /// Nothing: a plain `complete`.
+    Nothing,
+}
+
 /// One completion of a batch, owned: it travels to the batch's task.
 #[derive(Debug)]
 pub(crate) struct CompletionItem {
@@ -90,7 +103,7 @@ pub(crate) struct CompletionItem {
     pub lease: HeldLease,
     pub response: SavedResponse,
     pub policy: Policy,
-    pub row: OwnedRowEffect,
+    pub effect: CompletionEffect,
 }
 
 /// What the batch decided for one completion.
@@ -104,8 +117,8 @@ pub enum BatchedCompletion {
     Undecided,
     /// Not in the batch's transaction (a later completion of a key already
     /// in it), or in one the database refused: the completion's own
-    /// one-statement path decides, with its row given back.
-    Alone(OwnedRowEffect),
+    /// one-statement path decides, with its effect given back.
+    Alone(CompletionEffect),
     /// The database did not answer; the completion may have committed.
     Unavailable(String),
     /// The batch committed, but this completion's row disagrees with the
@@ -186,7 +199,7 @@ impl BatchRunner for CompletionBatchRunner {
                 Some(Decided::Committed) => BatchedCompletion::Committed,
                 Some(Decided::Undecided) => BatchedCompletion::Undecided,
                 Some(Decided::Refused(detail)) => BatchedCompletion::Refused(detail),
-                None => BatchedCompletion::Alone(item.row),
+                None => BatchedCompletion::Alone(item.effect),
             })
             .collect()
     }
@@ -202,8 +215,10 @@ impl CompletionBatchRunner {
         let client = open.client();
         let mut statements = Vec::with_capacity(chosen.len());
         for &index in chosen {
-            let row = &items[index].row;
-            let sql = completion_with_row_statement(row.into, row.values);
+            let sql = match &items[index].effect {
+                CompletionEffect::Row(row) => completion_with_row_statement(row.into, row.values),
+                CompletionEffect::Nothing => COMPLETE.to_owned(),
+            };
             statements.push(client.prepare_cached(&sql).await.map_err(store_error)?);
         }
         let completions: Vec<CompletionParams<'_>> = chosen
@@ -218,7 +233,9 @@ impl CompletionBatchRunner {
             .zip(&completions)
             .map(|(&index, completion)| {
                 let mut params = completion.params().to_vec();
-                params.extend(items[index].row.borrowed_params());
+                if let CompletionEffect::Row(row) = &items[index].effect {
+                    params.extend(row.borrowed_params());
+                }
                 params
             })
             .collect();
@@ -226,7 +243,7 @@ impl CompletionBatchRunner {
             statements
                 .iter()
                 .zip(&params)
-                .map(|(statement, params)| client.query_one(statement, params)),
+                .map(|(statement, params)| client.query(statement, params)),
         );
         // Sent in this order on the connection (each future sends its
         // messages when first polled, and `join!` first polls in order).
@@ -241,19 +258,30 @@ impl CompletionBatchRunner {
             open.connection = None;
         }
         begun.map_err(store_error)?;
-        let rows: Vec<Row> = rows.into_iter().collect::<Result<_, _>>().map_err(store_error)?;
+        let rows: Vec<Vec<Row>> = rows.into_iter().collect::<Result<_, _>>().map_err(store_error)?;
         committed.map_err(store_error)?;
         Ok(rows
             .iter()
             .zip(chosen)
-            .map(|(row, &index)| decide(row, &items[index]))
+            .map(|(rows, &index)| decide(rows, &items[index]))
             .collect())
     }
 }
 
-/// One committed statement's row, as the machine judges it.
-fn decide(row: &Row, item: &CompletionItem) -> Decided {
-    match completion_with_row_decision(row, &item.lease, &item.response, &item.policy) {
+/// One committed statement's rows, as the machine judges them: a
+/// completion with a row answers one row (`completed` says whether it
+/// wrote), a plain one a row only when it wrote.
+fn decide(rows: &[Row], item: &CompletionItem) -> Decided {
+    let (lease, response, policy) = (&item.lease, &item.response, &item.policy);
+    let decision = match (&item.effect, rows) {
+        (CompletionEffect::Row(_), [row]) => completion_with_row_decision(row, lease, response, policy),
+        (CompletionEffect::Nothing, [] | [_]) => complete_decision(rows.first(), lease, response, policy),
+        (_, rows) => Err(Attempt::Fail(StoreError::Refused {
+            detail: format!("a batched completion answered {} rows", rows.len()),
+            source: None,
+        })),
+    };
+    match decision {
         Ok(Some(_)) => Decided::Committed,
         Ok(None) => Decided::Undecided,
         Err(Attempt::Fail(error)) => Decided::Refused(error.to_string()),

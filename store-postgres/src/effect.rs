@@ -2,7 +2,7 @@
 //! effect's rows and the completed record commit in one PostgreSQL
 //! transaction, or neither does (docs/design.md#transaction-2).
 
-use crate::completion_batch::{BatchedCompletion, CompletionItem, OwnedRowEffect};
+use crate::completion_batch::{BatchedCompletion, CompletionEffect, CompletionItem, OwnedRowEffect};
 use crate::error::{Attempt, EffectError, effect_attempt};
 use crate::one_statement;
 use crate::row::Slot;
@@ -157,24 +157,16 @@ impl PostgresStore {
         row: OwnedRowEffect,
     ) -> Result<BatchedCompletion, StoreError> {
         let Some(completions) = &self.completions else {
-            return Ok(BatchedCompletion::Alone(row));
+            return Ok(BatchedCompletion::Alone(CompletionEffect::Row(row)));
         };
         let item = CompletionItem {
             slot: Slot::new(&lease.caller, &lease.key),
             lease: lease.clone(),
             response: response.clone(),
             policy: self.policy,
-            row,
+            effect: CompletionEffect::Row(row),
         };
-        completions.submit(item).await.map_err(|error| match error {
-            BatchError::Lost => StoreError::Unavailable {
-                detail: "the completion's batch ended without an answer; it may have committed".to_owned(),
-                source: None,
-            },
-            refused @ BatchError::QueueFull { .. } => {
-                StoreError::unavailable("postgresql completions are queued past their bound", refused)
-            }
-        })
+        completions.submit(item).await.map_err(completion_batch_error)
     }
 
     /// A completion on the path its batch chose.
@@ -187,7 +179,11 @@ impl PostgresStore {
         match batched {
             BatchedCompletion::Committed => Ok(RowCompletion::Committed),
             BatchedCompletion::Undecided => Ok(RowCompletion::Undecided),
-            BatchedCompletion::Alone(row) => {
+            BatchedCompletion::Alone(CompletionEffect::Nothing) => Err(StoreError::Refused {
+                detail: "a completion with a row came back from its batch without it".to_owned(),
+                source: None,
+            }),
+            BatchedCompletion::Alone(CompletionEffect::Row(row)) => {
                 let params = row.borrowed_params();
                 let row = RowEffect {
                     into: row.into,
@@ -239,6 +235,19 @@ impl PostgresStore {
         };
         open.complete_and_commit(&slot, previous, completed).await?;
         Ok(Completion::Committed { response, value })
+    }
+}
+
+/// Why a completion's batch gave no answer, as the store's error.
+pub(crate) fn completion_batch_error(error: BatchError) -> StoreError {
+    match error {
+        BatchError::Lost => StoreError::Unavailable {
+            detail: "the completion's batch ended without an answer; it may have committed".to_owned(),
+            source: None,
+        },
+        refused @ BatchError::QueueFull { .. } => {
+            StoreError::unavailable("postgresql completions are queued past their bound", refused)
+        }
     }
 }
 

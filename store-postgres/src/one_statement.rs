@@ -108,7 +108,7 @@ macro_rules! fenced_update {
 
 const CHECKPOINT: &str = fenced_update!("recovery_point = $4");
 
-const COMPLETE: &str = fenced_update!(completion_columns!());
+pub(crate) const COMPLETE: &str = fenced_update!(completion_columns!());
 
 const RELEASE: &str = fenced_update!("locked_until = least(keys.locked_until, clock.now)");
 
@@ -360,6 +360,25 @@ pub(crate) fn completion_with_row_decision(
     if !boolean_column(row, "completed")? {
         return Ok(None);
     }
+    let previous = record_from_row(row)?;
+    let now_ms = time_column(row, "now")?;
+    let step = machine::complete(Found::Record(&previous), lease.token, response.clone(), now_ms, policy);
+    machine_agrees(step).map(Some)
+}
+
+/// What a [`COMPLETE`] statement's rows say (one of a batch's in
+/// `completion_batch.rs`): `Some(Applied)` when it completed the record,
+/// which the machine must agree with, `None` when its guard did not hold
+/// and it wrote nothing.
+pub(crate) fn complete_decision(
+    row: Option<&Row>,
+    lease: &HeldLease,
+    response: &SavedResponse,
+    policy: &Policy,
+) -> Result<Option<Fenced>, Attempt<StoreError>> {
+    let Some(row) = row else {
+        return Ok(None);
+    };
     let previous = record_from_row(row)?;
     let now_ms = time_column(row, "now")?;
     let step = machine::complete(Found::Record(&previous), lease.token, response.clone(), now_ms, policy);

@@ -14,9 +14,11 @@ use crate::batch::{
     BatchedClaim, CLAIM_BATCH_QUEUED_ITEMS_MAX, CLAIM_BATCHES_IN_FLIGHT_MAX, ClaimBatchRunner, ClaimBatcher, ClaimItem,
 };
 use crate::completion_batch::{
-    COMPLETION_BATCH_QUEUED_ITEMS_MAX, COMPLETION_BATCHES_IN_FLIGHT_MAX, CompletionBatchRunner, CompletionBatcher,
+    BatchedCompletion, COMPLETION_BATCH_QUEUED_ITEMS_MAX, COMPLETION_BATCHES_IN_FLIGHT_MAX, CompletionBatchRunner,
+    CompletionBatcher, CompletionEffect, CompletionItem,
 };
 use crate::config::{ConfigError, PostgresConfig};
+use crate::effect::completion_batch_error;
 use crate::error::{Attempt, RETRY_BACKOFF_MS_MAX, TRANSACTION_ATTEMPTS_MAX};
 use crate::notify::ChangeListener;
 use crate::one_statement::{self, FencedWrite};
@@ -346,11 +348,70 @@ impl PostgresStore {
         if let Some(outcome) = one_statement::fenced_write(&connection, &slot, lease, write, &self.policy).await? {
             return Ok(outcome);
         }
-        // Lock the row, let the machine check the token and make the step.
+        self.fenced_locked(&mut connection, &slot, lease, write).await
+    }
+
+    /// A completion in a batch with the completions that arrive while the
+    /// previous batch is in flight (`completion_batch.rs`); what the batch
+    /// does not decide takes the locked path, or the whole unbatched path.
+    async fn complete_in_batch(&self, lease: &HeldLease, response: &SavedResponse) -> Result<Fenced, StoreError> {
+        let write = FencedWrite::Complete(response);
+        let Some(completions) = &self.completions else {
+            return self.fenced(lease, write).await;
+        };
+        let item = CompletionItem {
+            slot: Slot::new(&lease.caller, &lease.key),
+            lease: lease.clone(),
+            response: response.clone(),
+            policy: self.policy,
+            effect: CompletionEffect::Nothing,
+        };
+        let batched = match completions.submit(item).await {
+            // Safe to send again: a completion already saved by this token
+            // is applied, not saved twice.
+            Err(BatchError::Lost) => return self.fenced(lease, write).await,
+            other => other.map_err(completion_batch_error)?,
+        };
+        self.finish_complete(lease, response, batched).await
+    }
+
+    /// A plain completion on the path its batch chose.
+    pub(crate) async fn finish_complete(
+        &self,
+        lease: &HeldLease,
+        response: &SavedResponse,
+        batched: BatchedCompletion,
+    ) -> Result<Fenced, StoreError> {
+        let write = FencedWrite::Complete(response);
+        match batched {
+            BatchedCompletion::Committed => Ok(Fenced::Applied(())),
+            BatchedCompletion::Undecided => {
+                let slot = Slot::new(&lease.caller, &lease.key);
+                self.with_retries(|| async {
+                    let mut connection = self.pool.get().await?;
+                    self.fenced_locked(&mut connection, &slot, lease, write).await
+                })
+                .await
+            }
+            BatchedCompletion::Alone(_) => self.fenced(lease, write).await,
+            BatchedCompletion::Unavailable(detail) => Err(StoreError::Unavailable { detail, source: None }),
+            BatchedCompletion::Refused(detail) => Err(StoreError::Refused { detail, source: None }),
+        }
+    }
+
+    /// A fenced write in a transaction: lock the row, let the machine check
+    /// the token and make the step.
+    async fn fenced_locked(
+        &self,
+        connection: &mut deadpool_postgres::Object,
+        slot: &Slot,
+        lease: &HeldLease,
+        write: FencedWrite<'_>,
+    ) -> Result<Fenced, Attempt<StoreError>> {
         let transaction = connection.transaction().await?;
-        let (record, now_ms) = lock_record(&transaction, &slot).await?;
+        let (record, now_ms) = lock_record(&transaction, slot).await?;
         let step = write.step(Found::from_record(record.as_ref()), lease, now_ms, &self.policy);
-        write_step(&transaction, &slot, record.as_ref(), &step.write).await?;
+        write_step(&transaction, slot, record.as_ref(), &step.write).await?;
         transaction.commit().await?;
         Ok(step.outcome)
     }
@@ -541,8 +602,10 @@ impl IdempotencyStore for PostgresStore {
         self.fenced(lease, FencedWrite::Checkpoint(&point)).await
     }
 
+    /// In a batch with the completions that arrive while the previous
+    /// batch is in flight (`completion_batch.rs`).
     async fn complete(&self, lease: &HeldLease, response: SavedResponse) -> Result<Fenced, StoreError> {
-        let result = self.fenced(lease, FencedWrite::Complete(&response)).await;
+        let result = self.complete_in_batch(lease, &response).await;
         self.announce_end(lease, &result);
         result
     }

@@ -16,7 +16,7 @@
 //! test process has exited, however it exited.
 
 use crate::batch::{BatchedClaim, ClaimBatchRunner, ClaimItem};
-use crate::completion_batch::{CompletionBatchRunner, CompletionItem, OwnedRowEffect};
+use crate::completion_batch::{CompletionBatchRunner, CompletionEffect, CompletionItem, OwnedRowEffect};
 use crate::config::{PostgresConfig, SslMode};
 use crate::effect::RowCompletion;
 use crate::migrate::{MigrateError, Migration};
@@ -28,7 +28,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
-use store_core::{BatchRunner, ClaimOutcome, ClaimRequest, HeldLease, Policy, SavedResponse, StoreError};
+use store_core::{BatchRunner, ClaimOutcome, ClaimRequest, Fenced, HeldLease, Policy, SavedResponse, StoreError};
 use tempfile::TempDir;
 use test_support::tls::TestCertificates;
 
@@ -198,7 +198,7 @@ pub async fn complete_with_rows_in_one_batch(
             lease: completion.lease,
             response: completion.response,
             policy: *store.policy(),
-            row: completion.row,
+            effect: CompletionEffect::Row(completion.row),
         })
         .collect();
     let runner = CompletionBatchRunner {
@@ -211,6 +211,38 @@ pub async fn complete_with_rows_in_one_batch(
     for ((lease, response), batched) in finishing.iter().zip(batched) {
         let kind = batched.kind();
         outcomes.push((kind, store.finish_completion(lease, response, batched).await));
+    }
+    outcomes
+}
+
+/// Runs plain completions (`complete`) as one completion batch, then
+/// finishes each, in order, on the path its batch outcome chose, as
+/// `PostgresStore::complete` does (without waking waiters). Returns what
+/// the batch decided for each and its outcome.
+pub async fn complete_in_one_batch(
+    store: &PostgresStore,
+    completions: Vec<(HeldLease, SavedResponse)>,
+) -> Vec<(&'static str, Result<Fenced, StoreError>)> {
+    let items = completions
+        .iter()
+        .map(|(lease, response)| CompletionItem {
+            slot: Slot::new(&lease.caller, &lease.key),
+            lease: lease.clone(),
+            response: response.clone(),
+            policy: *store.policy(),
+            effect: CompletionEffect::Nothing,
+        })
+        .collect();
+    let runner = CompletionBatchRunner {
+        pool: store.pool().clone(),
+        operation_timeout: store.operation_timeout,
+    };
+    let batched = runner.run(items).await;
+    assert_eq!(batched.len(), completions.len(), "one outcome per completion");
+    let mut outcomes = Vec::with_capacity(completions.len());
+    for ((lease, response), batched) in completions.iter().zip(batched) {
+        let kind = batched.kind();
+        outcomes.push((kind, store.finish_complete(lease, response, batched).await));
     }
     outcomes
 }

@@ -30,7 +30,9 @@ use store_core::{
     CallerId, ClaimOutcome, ClaimRequest, Fenced, Fingerprint, HeldLease, IdempotencyKey, IdempotencyStore, Lease,
     LeaseToken, Policy, Record, RecordState, RecoveryPoint, SavedResponse,
 };
-use store_postgres::testkit::{BatchCompletion, TestDatabase, claim_in_one_batch, complete_with_rows_in_one_batch};
+use store_postgres::testkit::{
+    BatchCompletion, TestDatabase, claim_in_one_batch, complete_in_one_batch, complete_with_rows_in_one_batch,
+};
 use store_postgres::{
     BatchedClaim, Migration, OwnedRowEffect, PostgresConfig, PostgresStore, ROW_EFFECT_FIRST_PARAMETER, RowCompletion,
     RowEffect,
@@ -1231,4 +1233,106 @@ async fn concurrent_completions_each_commit_their_record_and_row() {
             Some("concurrent")
         );
     }
+}
+
+/// The machine's plain completions one after the other at `now_ms`: what
+/// each answers and each key's row at the end.
+fn machine_plain_completions_in_order(
+    mut keys: Vec<Known>,
+    completions: &[BatchCompletionCase],
+    now_ms: u64,
+) -> (Vec<Reported>, Vec<Option<Record>>) {
+    let policy = policy();
+    let mut reported = Vec::new();
+    for (index, completion) in completions.iter().enumerate() {
+        let found = keys[completion.key].found();
+        let step = machine::complete(
+            found,
+            completion.token,
+            saved(&format!("item {index}")),
+            now_ms,
+            &policy,
+        );
+        match step.write {
+            Write::Nothing => {}
+            Write::Put(record) => keys[completion.key] = Known::Record(record),
+            Write::Delete => keys[completion.key] = Known::Nothing,
+        }
+        reported.push(Reported::Fenced(step.outcome));
+    }
+    (reported, keys.iter().map(Known::row).collect())
+}
+
+async fn run_plain_completion_batch_case(
+    store: &PostgresStore,
+    client: &Client,
+    initial: Vec<Initial>,
+    completions: Vec<BatchCompletionCase>,
+) {
+    let caller = CallerId::new("differential").expect("valid caller");
+    let keys: Vec<IdempotencyKey> = (0..BATCH_KEYS).map(|_| new_key("plain")).collect();
+    let known = set_up_keys(client, &caller, &keys, &initial).await;
+    let batch = completions
+        .iter()
+        .enumerate()
+        .map(|(index, completion)| {
+            let lease = lease_of(&caller, &keys[completion.key], completion.token);
+            (lease, saved(&format!("item {index}")))
+        })
+        .collect();
+    let before_ms = database_now_ms(client).await;
+    let results = complete_in_one_batch(store, batch).await;
+    let after_ms = database_now_ms(client).await;
+    let what = format!("{initial:?}, then the plain batch {completions:?}");
+    for (index, (kind, _)) in results.iter().enumerate() {
+        if completions[..index]
+            .iter()
+            .any(|earlier| earlier.key == completions[index].key)
+        {
+            assert_eq!(
+                *kind, "alone",
+                "{what}: completion {index} repeats a key, so goes alone"
+            );
+        }
+    }
+    let (early, early_rows) = machine_plain_completions_in_order(known.clone(), &completions, before_ms);
+    let (late, late_rows) = machine_plain_completions_in_order(known, &completions, after_ms);
+    let span_ms = after_ms - before_ms;
+    for (index, (_, outcome)) in results.into_iter().enumerate() {
+        let actual = Reported::Fenced(outcome.expect("completion"));
+        agrees_within(
+            &actual,
+            &early[index],
+            &late[index],
+            span_ms,
+            &format!("{what}: completion {index}"),
+        );
+    }
+    for (index, key) in keys.iter().enumerate() {
+        let row = store.inspect(&caller, key).await.expect("inspect");
+        agrees_within(
+            &row,
+            &early_rows[index],
+            &late_rows[index],
+            span_ms,
+            &format!("{what}: row {index}"),
+        );
+    }
+}
+
+#[test]
+fn plain_completion_batches_agree_with_the_state_machine_completion_by_completion() {
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let (store, _unbatched, client, _database) = runtime.block_on(batched_and_unbatched_stores());
+    let mut runner = TestRunner::new(Config {
+        cases: BATCH_CASES,
+        ..Config::default()
+    });
+    let initials = proptest::collection::vec(initial(), BATCH_KEYS);
+    runner
+        .run(&(initials, batch_completions()), |(initial, completions)| {
+            runtime.block_on(run_plain_completion_batch_case(&store, &client, initial, completions));
+            Ok(())
+        })
+        .expect("every plain completion batch agrees with the machine completion by completion");
 }
