@@ -37,9 +37,10 @@ pub const IDLE_IN_TRANSACTION_TIMEOUT_MS_DEFAULT: u64 = 30_000;
 pub const OPERATION_TIMEOUT_MS_DEFAULT: u64 = 10_000;
 /// Longest any of the timeouts above may be set to.
 pub const TIMEOUT_MS_MAX: u64 = 10 * 60 * 1000;
-/// Claims sent in one statement at most, by default (`batch.rs`). Batches
-/// grow only while claims arrive faster than one batch's round trip and
-/// commit, so the bound matters under load alone.
+/// Claims (and, separately, completions) in one batch at most, by default
+/// (`batch.rs`, `completion_batch.rs`). Batches grow only while calls
+/// arrive faster than one batch's round trip and commit, so the bound
+/// matters under load alone.
 pub const BATCH_ITEMS_MAX_DEFAULT: usize = 64;
 /// Largest batch size accepted (store-core's bound on any batch).
 pub const BATCH_ITEMS_MAX: usize = store_core::batch::BATCH_ITEMS_MAX;
@@ -97,9 +98,9 @@ pub struct PostgresConfig {
     /// The PEM CA that signed the server's certificate; required with TLS.
     #[serde(deserialize_with = "empty_as_none")]
     pub ca_file: Option<PathBuf>,
-    /// Claims sent together in one statement at most: the claims that
-    /// arrive while a batch is in flight go in the next one. 1 turns
-    /// batching off (every claim is its own statement).
+    /// Claims (and, separately, completions) sent together in one batch
+    /// at most: those that arrive while a batch is in flight go in the next
+    /// one. 1 turns batching off (each is its own statement).
     pub batch_items_max: usize,
 }
 

@@ -8,7 +8,9 @@
 //!   arrive while a batch is in flight go together as one statement and one
 //!   commit (`batch.rs`, at most [`PostgresConfig::batch_items_max`]; 1
 //!   turns batching off).
-//! - Transaction 2 completes only while the lease token holds, and with
+//! - Transaction 2 completes only while the lease token holds (batched
+//!   like claims: one transaction and one commit per batch,
+//!   `completion_batch.rs`), and with
 //!   store-core's [`store_core::AtomicCompletion::complete_with`] commits
 //!   the handler's own rows (a label) in the same transaction.
 //! - Every decision is store-core's pure state machine, run on the locked
