@@ -6,21 +6,24 @@
 //! atomically, so a batch is exactly its claims one after the other: two
 //! claims of one key in a batch see each other as if they had been sent
 //! apart. Each script's reply is the claim's own (the pipeline ignores
-//! errors, so one claim's error is not another's); a claim whose script
-//! failed (a `NOSCRIPT` after a restart emptied the script cache, an
-//! out-of-memory refusal) or whose pipeline failed as a whole goes alone,
-//! through [`redis::Script`]'s own invocation, which loads the script and
-//! reports errors as every call does. Sending a claim again is safe: a
-//! claim re-sent with its token gets its own lease back.
+//! errors, so one claim's error is not another's). A claim whose script was
+//! not loaded (a `NOSCRIPT` after a restart emptied the script cache) goes
+//! alone, through [`redis::Script`]'s own invocation, which loads it; so
+//! does a claim whose script failed otherwise, where its own call reports
+//! the error as every call does. A server that did not answer, or said
+//! "not now", fails the pipeline's claims as it would have failed each
+//! alone: unavailable, retryable (a claim re-sent with its token gets its
+//! own lease back).
 //!
 //! Only on a standalone server: Redis Cluster takes a pipeline only when
 //! every key in it is in one slot, and every record has a slot of its own.
 
 use crate::connection::Connection;
+use crate::errors::store_error;
 use crate::keys::RecordKeys;
 use async_trait::async_trait;
-use redis::{RedisResult, Script, Value};
-use store_core::{BatchRunner, Batcher};
+use redis::{ErrorKind, RedisError, RedisResult, Script, ServerErrorKind, Value};
+use store_core::{BatchRunner, Batcher, StoreError};
 
 /// Claims waiting for a batch at most; past it a claim is refused as
 /// unavailable at once.
@@ -43,6 +46,20 @@ pub(crate) enum BatchedScript {
     Reply(Value),
     /// No reply for this claim from the pipeline: it goes alone.
     Alone,
+    /// The server did not answer, or said "not now": the claim fails as it
+    /// would have alone (retryable), rather than wait once more.
+    Unavailable(String),
+}
+
+impl BatchedScript {
+    /// A short name for the outcome, for logs and assertions.
+    pub(crate) fn kind(&self) -> &'static str {
+        match self {
+            BatchedScript::Reply(_) => "reply",
+            BatchedScript::Alone => "alone",
+            BatchedScript::Unavailable(_) => "unavailable",
+        }
+    }
 }
 
 /// Runs claim batches as pipelines on the store's connection.
@@ -76,10 +93,7 @@ impl BatchRunner for ClaimBatchRunner {
                 .into_iter()
                 .map(|reply| match reply {
                     Ok(value) => BatchedScript::Reply(value),
-                    Err(error) => {
-                        tracing::debug!(%error, "a batched claim script failed; the claim goes alone");
-                        BatchedScript::Alone
-                    }
+                    Err(error) => failed_script(error),
                 })
                 .collect(),
             Ok(replies) => {
@@ -90,10 +104,24 @@ impl BatchRunner for ClaimBatchRunner {
                 );
                 vec![BatchedScript::Alone; items.len()]
             }
-            Err(error) => {
-                tracing::debug!(%error, claims = items.len(), "a claim pipeline failed; each claim goes alone");
-                vec![BatchedScript::Alone; items.len()]
-            }
+            Err(error) => vec![failed_script(error); items.len()],
+        }
+    }
+}
+
+/// What a claim does after its script (or its whole pipeline) failed:
+/// what would fail it alone fails it now; a script the server did not have
+/// loaded, or any other error, sends it alone, where its own invocation
+/// loads the script and reports the error as every call does.
+fn failed_script(error: RedisError) -> BatchedScript {
+    if error.kind() == ErrorKind::Server(ServerErrorKind::NoScript) {
+        return BatchedScript::Alone;
+    }
+    match store_error("claim", error) {
+        error @ StoreError::Unavailable { .. } => BatchedScript::Unavailable(error.to_string()),
+        error => {
+            tracing::debug!(%error, "a pipelined claim failed; the claim goes alone");
+            BatchedScript::Alone
         }
     }
 }

@@ -176,7 +176,7 @@ impl RedisStore {
     pub(crate) async fn claim_in_one_pipeline(
         &self,
         requests: &[ClaimRequest],
-    ) -> Vec<(bool, Result<ClaimOutcome, StoreError>)> {
+    ) -> Vec<(&'static str, Result<ClaimOutcome, StoreError>)> {
         use store_core::BatchRunner;
         let runner = ClaimBatchRunner {
             connection: self.connection.clone(),
@@ -194,16 +194,17 @@ impl RedisStore {
         let mut outcomes = Vec::new();
         for (request, batched) in requests.iter().zip(batched) {
             let keys = self.keys(&request.caller, &request.key);
-            let in_pipeline = matches!(batched, BatchedScript::Reply(_));
+            let kind = batched.kind();
             let reply = match batched {
                 BatchedScript::Reply(reply) => Ok(reply),
+                BatchedScript::Unavailable(detail) => Err(StoreError::Unavailable { detail, source: None }),
                 BatchedScript::Alone => self.claim_reply_alone(&keys, self.claim_args(request)).await,
             };
             let outcome = match reply {
                 Ok(reply) => self.claim_from_reply(request, &keys, reply).await,
                 Err(error) => Err(error),
             };
-            outcomes.push((in_pipeline, outcome));
+            outcomes.push((kind, outcome));
         }
         outcomes
     }
@@ -224,6 +225,7 @@ impl RedisStore {
             };
             match claims.submit(item).await {
                 Ok(BatchedScript::Reply(reply)) => return Ok(reply),
+                Ok(BatchedScript::Unavailable(detail)) => return Err(StoreError::Unavailable { detail, source: None }),
                 Ok(BatchedScript::Alone) | Err(BatchError::Lost) => {}
                 Err(refused @ BatchError::QueueFull { .. }) => {
                     return Err(StoreError::unavailable(

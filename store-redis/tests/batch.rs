@@ -62,7 +62,7 @@ async fn the_same_key_twice_in_one_pipeline_answers_as_two_claims_one_after_the_
             claim(&in_pipeline, second_token, second_body),
         ];
         let results = claim_in_one_pipeline(&store, &pipeline).await;
-        assert!(results.iter().all(|(answered, _)| *answered), "{results:?}");
+        assert!(results.iter().all(|(kind, _)| *kind == "reply"), "{results:?}");
         let first = store.claim(&claim(&in_turn, FIRST, 1)).await.expect("first");
         let second = store
             .claim(&claim(&in_turn, second_token, second_body))
@@ -117,12 +117,12 @@ async fn claims_whose_script_was_flushed_go_alone_and_are_answered() {
     let _: String = server.query(&["SCRIPT", "FLUSH"]).expect("flush the scripts");
     let pipeline = [claim(&key("a"), FIRST, 1), claim(&key("b"), FIRST, 1)];
     let results = claim_in_one_pipeline(&store, &pipeline).await;
-    for (answered, outcome) in results {
-        assert!(!answered, "a flushed script gets no reply in the pipeline");
+    for (kind, outcome) in results {
+        assert_eq!(kind, "alone", "a flushed script gets no reply in the pipeline");
         assert_eq!(outcome.expect("claim").kind(), "acquired");
     }
     let results = claim_in_one_pipeline(&store, &[claim(&key("c"), FIRST, 1)]).await;
-    assert!(results[0].0, "once loaded, the pipeline answers");
+    assert_eq!(results[0].0, "reply", "once loaded, the pipeline answers");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -152,4 +152,34 @@ async fn concurrent_claims_of_few_keys_acquire_each_key_once() {
     }
     assert_eq!(acquired.len(), KEYS);
     assert!(acquired.values().all(|&count| count == 1), "{acquired:?}");
+}
+
+/// A server that stops answering fails a pipeline's claims as unavailable,
+/// as it fails a claim alone, rather than send each once more on its own.
+#[tokio::test]
+async fn a_frozen_server_fails_the_pipelines_claims_as_unavailable() {
+    const RESPONSE_TIMEOUT_MS: u64 = 300;
+    let server = RedisServer::start().expect("redis-server starts");
+    let config = store_redis::RedisConfig {
+        response_timeout_ms: RESPONSE_TIMEOUT_MS,
+        ..server.config()
+    };
+    let store = RedisStore::connect(config, Policy::default())
+        .await
+        .expect("store connects");
+    store
+        .claim(&claim(&key("load"), FIRST, 1))
+        .await
+        .expect("a claim alone");
+    server.pause().expect("freeze the server");
+    let pipeline = [claim(&key("a"), FIRST, 1), claim(&key("b"), FIRST, 1)];
+    let results = claim_in_one_pipeline(&store, &pipeline).await;
+    server.resume().expect("thaw the server");
+    for (kind, outcome) in results {
+        assert_eq!(kind, "unavailable", "failed in the pipeline, not sent again alone");
+        assert!(
+            matches!(outcome, Err(store_core::StoreError::Unavailable { .. })),
+            "{outcome:?}"
+        );
+    }
 }
