@@ -209,18 +209,21 @@ impl CompletionBatchRunner {
     /// `BEGIN`, the statements of `chosen` (indices into `items`) and
     /// `COMMIT`, pipelined; each statement's outcome, in `chosen`'s order.
     async fn run_transaction(&self, items: &[CompletionItem], chosen: &[usize]) -> Result<Vec<Decided>, StoreError> {
-        let mut open = InTransaction {
-            connection: Some(self.pool.get().await.map_err(pool_error)?),
-        };
-        let client = open.client();
+        let connection = self.pool.get().await.map_err(pool_error)?;
+        // Prepared (cached on the connection) before the transaction opens:
+        // a failure here leaves the connection fit for the pool.
         let mut statements = Vec::with_capacity(chosen.len());
         for &index in chosen {
             let sql = match &items[index].effect {
                 CompletionEffect::Row(row) => completion_with_row_statement(row.into, row.values),
                 CompletionEffect::Nothing => COMPLETE.to_owned(),
             };
-            statements.push(client.prepare_cached(&sql).await.map_err(store_error)?);
+            statements.push(connection.prepare_cached(&sql).await.map_err(store_error)?);
         }
+        let mut open = InTransaction {
+            connection: Some(connection),
+        };
+        let client = open.client();
         let completions: Vec<CompletionParams<'_>> = chosen
             .iter()
             .map(|&index| {

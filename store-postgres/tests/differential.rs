@@ -1336,3 +1336,57 @@ fn plain_completion_batches_agree_with_the_state_machine_completion_by_completio
         })
         .expect("every plain completion batch agrees with the machine completion by completion");
 }
+
+/// One completion whose row the database refuses (a null where the table
+/// wants a value) rolls its batch's transaction back; every completion then
+/// goes alone, and only the refused one is left undecided.
+#[tokio::test]
+async fn a_refused_row_fails_its_own_completion_and_no_other() {
+    let (store, _unbatched, client, _database) = batched_and_unbatched_stores().await;
+    let caller = CallerId::new("refused").expect("valid caller");
+    let held = Initial::Started {
+        holder: HOLDER,
+        lease_live: true,
+        point: false,
+        expired: false,
+        same_body: true,
+    };
+    let keys: Vec<IdempotencyKey> = (0..3).map(|_| new_key("refused")).collect();
+    set_up_keys(&client, &caller, &keys, &[held.clone(), held.clone(), held]).await;
+    let batch = keys
+        .iter()
+        .enumerate()
+        .map(|(index, key)| {
+            let made_by: Option<String> = (index != 1).then(|| "batched".to_owned());
+            BatchCompletion {
+                lease: lease_of(&caller, key, HOLDER),
+                response: saved("refused"),
+                row: OwnedRowEffect {
+                    into: "differential_effect_rows (key_name, made_by)",
+                    values: "$9::text, $10::text",
+                    params: vec![Box::new(key.as_str().to_owned()), Box::new(made_by)],
+                },
+            }
+        })
+        .collect();
+    let results = complete_with_rows_in_one_batch(&store, batch).await;
+    let outcomes: Vec<(&str, RowCompletion)> = results
+        .into_iter()
+        .map(|(kind, outcome)| (kind, outcome.expect("completion")))
+        .collect();
+    use RowCompletion::{Committed, Undecided};
+    assert_eq!(
+        outcomes,
+        [("alone", Committed), ("alone", Undecided), ("alone", Committed)]
+    );
+    assert_eq!(effect_row_by_name(&client, keys[1].as_str()).await, None);
+    let record = store
+        .inspect(&caller, &keys[1])
+        .await
+        .expect("inspect")
+        .expect("record");
+    assert!(
+        matches!(record.state, RecordState::Started { .. }),
+        "the refused one stays started"
+    );
+}
