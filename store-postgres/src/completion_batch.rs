@@ -34,7 +34,7 @@
 //!   database that did not answer fails the batch's completions as it
 //!   would have failed each of them: unavailable, and possibly committed.
 
-use crate::batch::first_of_each_key_in_lock_order;
+use crate::claim_batch::first_of_each_key_in_lock_order;
 use crate::error::{Attempt, pool_error, store_error};
 use crate::one_statement::{
     COMPLETE, CompletionParams, complete_decision, completion_with_row_decision, completion_with_row_statement,

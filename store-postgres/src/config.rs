@@ -38,7 +38,7 @@ pub const OPERATION_TIMEOUT_MS_DEFAULT: u64 = 10_000;
 /// Longest any of the timeouts above may be set to.
 pub const TIMEOUT_MS_MAX: u64 = 10 * 60 * 1000;
 /// Claims (and, separately, completions) in one batch at most, by default
-/// (`batch.rs`, `completion_batch.rs`). Batches grow only while calls
+/// (`claim_batch.rs`, `completion_batch.rs`). Batches grow only while calls
 /// arrive faster than one batch's round trip and commit, so the bound
 /// matters under load alone.
 pub const BATCH_ITEMS_MAX_DEFAULT: usize = 64;

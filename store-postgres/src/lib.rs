@@ -6,7 +6,7 @@
 //!   `SELECT ... FOR UPDATE` to inspect, and commits at once. Nothing is held
 //!   while the handler works. Claims are batched across calls: those that
 //!   arrive while a batch is in flight go together as one statement and one
-//!   commit (`batch.rs`, at most [`PostgresConfig::batch_items_max`]; 1
+//!   commit (`claim_batch.rs`, at most [`PostgresConfig::batch_items_max`]; 1
 //!   turns batching off).
 //! - Transaction 2 completes only while the lease token holds (batched
 //!   like claims: one transaction and one commit per batch,
@@ -19,7 +19,7 @@
 //!   index with `FOR UPDATE SKIP LOCKED`, leaving tombstones so late retries
 //!   are noticed.
 
-mod batch;
+mod claim_batch;
 mod completion_batch;
 mod config;
 mod effect;
@@ -33,7 +33,7 @@ mod store;
 pub mod testkit;
 mod tls;
 
-pub use batch::{BatchedClaim, CLAIM_BATCH_QUEUED_ITEMS_MAX, CLAIM_BATCHES_IN_FLIGHT_MAX};
+pub use claim_batch::{BatchedClaim, CLAIM_BATCH_QUEUED_ITEMS_MAX, CLAIM_BATCHES_IN_FLIGHT_MAX};
 pub use completion_batch::{
     BatchedCompletion, COMPLETION_BATCH_QUEUED_ITEMS_MAX, COMPLETION_BATCHES_IN_FLIGHT_MAX, OwnedRowEffect,
 };

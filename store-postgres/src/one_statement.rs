@@ -156,7 +156,7 @@ pub(crate) async fn claim<C: GenericClient>(
 }
 
 /// What a claim statement's row decides (this one's, or one row of the
-/// batched claim in `batch.rs`, which has the same columns): the machine's
+/// batched claim in `claim_batch.rs`, which has the same columns): the machine's
 /// outcome, or `None` for the locked path. The row has `now`, `inserted`
 /// (this statement inserted the key's first record), `found` (the
 /// statement's snapshot held a record) and that record's columns.

@@ -10,7 +10,7 @@
 //! transaction or lock outlives a call, so nothing is held while the handler
 //! talks to the carrier.
 
-use crate::batch::{
+use crate::claim_batch::{
     BatchedClaim, CLAIM_BATCH_QUEUED_ITEMS_MAX, CLAIM_BATCHES_IN_FLIGHT_MAX, ClaimBatchRunner, ClaimBatcher, ClaimItem,
 };
 use crate::completion_batch::{
@@ -120,7 +120,7 @@ pub struct PostgresStore {
     pub(crate) operation_timeout: Duration,
     /// Waiters on this instance, woken by its change listener (`notify.rs`).
     changes: ChangeHub,
-    /// Claims batched across calls (`batch.rs`); `None` when the config's
+    /// Claims batched across calls (`claim_batch.rs`); `None` when the config's
     /// `batch_items_max` is 1, and every claim goes alone.
     claims: Option<ClaimBatcher>,
     /// Completions with one effect row batched across calls
@@ -591,7 +591,7 @@ impl IdempotencyStore for PostgresStore {
     }
 
     /// In a batch with the claims that arrive while the previous batch is
-    /// in flight (`batch.rs`); what the batch does not decide takes the
+    /// in flight (`claim_batch.rs`); what the batch does not decide takes the
     /// locked path, or the whole unbatched path.
     async fn claim(&self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
         let batched = self.claim_in_batch(request).await?;

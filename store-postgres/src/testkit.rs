@@ -15,7 +15,7 @@
 //! a small watchdog process that stops it and removes its directory once the
 //! test process has exited, however it exited.
 
-use crate::batch::{BatchedClaim, ClaimBatchRunner, ClaimItem};
+use crate::claim_batch::{BatchedClaim, ClaimBatchRunner, ClaimItem};
 use crate::completion_batch::{CompletionBatchRunner, CompletionEffect, CompletionItem, OwnedRowEffect};
 use crate::config::{PostgresConfig, SslMode};
 use crate::effect::RowCompletion;

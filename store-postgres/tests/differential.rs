@@ -15,7 +15,7 @@
 //! within the call the statement ran at. Each case runs on a store that
 //! batches claims (a lone claim is a batch of one) or on one that does not.
 //!
-//! Claim batches (`src/batch.rs`) get the same treatment: random keys in
+//! Claim batches (`src/claim_batch.rs`) get the same treatment: random keys in
 //! random states, a random batch of claims over them (keys repeat), put into
 //! one batch by the testkit; every claim's outcome and every key's row must
 //! be the machine's with the claims applied one after the other in the
