@@ -154,7 +154,7 @@ async fn concurrent_claims_of_few_keys_acquire_each_key_once() {
     assert!(acquired.values().all(|&count| count == 1), "{acquired:?}");
 }
 
-/// A server that stops answering fails a pipeline's claims as unavailable,
+/// A server that no longer answers fails a pipeline's claims as unavailable,
 /// as it fails a claim alone, rather than send each once more on its own.
 #[tokio::test]
 async fn a_frozen_server_fails_the_pipelines_claims_as_unavailable() {
