@@ -8,6 +8,7 @@
 //! (the machine itself takes it as an argument).
 
 pub mod atomic;
+pub mod batch;
 pub mod clock;
 pub mod codec;
 pub mod config_fields;
@@ -23,6 +24,7 @@ pub mod waiting;
 pub mod testkit;
 
 pub use atomic::{AtomicCompletion, CompleteWithError, CompleteWithFuture, Completion, EffectFuture, EffectScope};
+pub use batch::{BatchError, BatchLimits, BatchRunner, Batcher, InvalidBatchLimits};
 pub use clock::{Clock, ManualClock, SharedClock, SystemClock};
 pub use codec::{CodecError, decode_record, decode_response, encode_record, encode_response};
 pub use outcome::{Acquired, ClaimOutcome, ClaimRequest, Fenced, ForgetOutcome, HeldLease, PurgeReport};

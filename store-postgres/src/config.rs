@@ -37,6 +37,13 @@ pub const IDLE_IN_TRANSACTION_TIMEOUT_MS_DEFAULT: u64 = 30_000;
 pub const OPERATION_TIMEOUT_MS_DEFAULT: u64 = 10_000;
 /// Longest any of the timeouts above may be set to.
 pub const TIMEOUT_MS_MAX: u64 = 10 * 60 * 1000;
+/// Claims (and, separately, completions) in one batch at most, by default
+/// (`claim_batch.rs`, `completion_batch.rs`). Batches grow only while calls
+/// arrive faster than one batch's round trip and commit, so the bound
+/// matters under load alone.
+pub const BATCH_ITEMS_MAX_DEFAULT: usize = 64;
+/// Largest batch size accepted (store-core's bound on any batch).
+pub const BATCH_ITEMS_MAX: usize = store_core::batch::BATCH_ITEMS_MAX;
 
 /// Whether the connection is TLS and what it checks. libpq's names; set in
 /// [`PostgresConfig::ssl_mode`], never in the URL (a URL that carries
@@ -91,6 +98,10 @@ pub struct PostgresConfig {
     /// The PEM CA that signed the server's certificate; required with TLS.
     #[serde(deserialize_with = "empty_as_none")]
     pub ca_file: Option<PathBuf>,
+    /// Claims (and, separately, completions) sent together in one batch
+    /// at most: those that arrive while a batch is in flight go in the next
+    /// one. 1 turns batching off (each is its own statement).
+    pub batch_items_max: usize,
 }
 
 /// No URL (the server's config refuses `store.kind = "postgres"` without
@@ -108,6 +119,8 @@ pub enum ConfigError {
     Url(#[source] tokio_postgres::Error),
     #[error("pool size {0} is outside 1..={POOL_SIZE_MAX}")]
     PoolSize(usize),
+    #[error("batch_items_max {0} is outside 1..={BATCH_ITEMS_MAX}")]
+    BatchItems(usize),
     #[error("{name} is {value} ms; it must be between 1 and {TIMEOUT_MS_MAX}")]
     Timeout { name: &'static str, value: u64 },
     #[error("connection pool could not be built: {0}")]
@@ -137,6 +150,7 @@ impl PostgresConfig {
             operation_timeout_ms: OPERATION_TIMEOUT_MS_DEFAULT,
             ssl_mode: SslMode::Disable,
             ca_file: None,
+            batch_items_max: BATCH_ITEMS_MAX_DEFAULT,
         }
     }
 
@@ -148,6 +162,9 @@ impl PostgresConfig {
         self.validate_tls()?;
         if !(1..=POOL_SIZE_MAX).contains(&self.pool_size) {
             return Err(ConfigError::PoolSize(self.pool_size));
+        }
+        if !(1..=BATCH_ITEMS_MAX).contains(&self.batch_items_max) {
+            return Err(ConfigError::BatchItems(self.batch_items_max));
         }
         let timeouts = [
             ("connect_timeout_ms", self.connect_timeout_ms),
@@ -255,6 +272,7 @@ impl fmt::Debug for PostgresConfig {
             .field("operation_timeout_ms", &self.operation_timeout_ms)
             .field("ssl_mode", &self.ssl_mode)
             .field("ca_file", &self.ca_file)
+            .field("batch_items_max", &self.batch_items_max)
             .finish()
     }
 }
@@ -308,6 +326,13 @@ mod tests {
         ));
         config.statement_timeout_ms = TIMEOUT_MS_MAX + 1;
         assert!(config.build_pool().is_err());
+        config.statement_timeout_ms = STATEMENT_TIMEOUT_MS_DEFAULT;
+        config.batch_items_max = 0;
+        assert!(matches!(config.validate(), Err(ConfigError::BatchItems(0))));
+        config.batch_items_max = BATCH_ITEMS_MAX + 1;
+        assert!(matches!(config.validate(), Err(ConfigError::BatchItems(_))));
+        config.batch_items_max = 1;
+        assert!(config.validate().is_ok(), "1 is no batching, not an error");
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! effect's rows and the completed record commit in one PostgreSQL
 //! transaction, or neither does (docs/design.md#transaction-2).
 
+use crate::completion_batch::{BatchedCompletion, CompletionEffect, CompletionItem, OwnedRowEffect};
 use crate::error::{Attempt, EffectError, effect_attempt};
 use crate::one_statement;
 use crate::row::Slot;
@@ -9,8 +10,8 @@ use crate::row::{RecordColumns, guard_of, record_from_row, time_column};
 use crate::store::{PostgresStore, SELECT_FOR_UPDATE, UPDATE_RECORD_OR_FAIL, read_clock};
 use store_core::machine::{self, CompletionFence, Found, Write};
 use store_core::{
-    AtomicCompletion, CompleteWithError, CompleteWithFuture, Completion, EffectFuture, EffectScope, HeldLease, Record,
-    SavedResponse, StoreError,
+    AtomicCompletion, BatchError, CompleteWithError, CompleteWithFuture, Completion, EffectFuture, EffectScope,
+    HeldLease, Record, SavedResponse, StoreError,
 };
 // A pooled connection inside the open transaction: effects use its statement
 // cache (`prepare_cached`); it dereferences to tokio-postgres's `Client`.
@@ -130,6 +131,72 @@ impl PostgresStore {
         })
     }
 
+    /// [`PostgresStore::complete_with_row`] batched with the completions
+    /// that arrive while the previous batch is in flight: one transaction
+    /// and one commit per batch, each completion fenced by its own lease
+    /// token (`completion_batch.rs`). The answer is the one
+    /// `complete_with_row` would give: `Undecided` (nothing written) for
+    /// everything `complete_with` must decide, for this completion alone.
+    /// Without batching (`batch_items_max = 1`) it is `complete_with_row`.
+    pub async fn complete_with_row_in_batch(
+        &self,
+        lease: &HeldLease,
+        response: &SavedResponse,
+        row: OwnedRowEffect,
+    ) -> Result<RowCompletion, StoreError> {
+        let batched = self.completion_in_batch(lease, response, row).await?;
+        self.finish_completion(lease, response, batched).await
+    }
+
+    /// The completion's batch, or [`BatchedCompletion::Alone`] without
+    /// batching.
+    pub(crate) async fn completion_in_batch(
+        &self,
+        lease: &HeldLease,
+        response: &SavedResponse,
+        row: OwnedRowEffect,
+    ) -> Result<BatchedCompletion, StoreError> {
+        let Some(completions) = &self.completions else {
+            return Ok(BatchedCompletion::Alone(CompletionEffect::Row(row)));
+        };
+        let item = CompletionItem {
+            slot: Slot::new(&lease.caller, &lease.key),
+            lease: lease.clone(),
+            response: response.clone(),
+            policy: self.policy,
+            effect: CompletionEffect::Row(row),
+        };
+        completions.submit(item).await.map_err(completion_batch_error)
+    }
+
+    /// A completion on the path its batch chose.
+    pub(crate) async fn finish_completion(
+        &self,
+        lease: &HeldLease,
+        response: &SavedResponse,
+        batched: BatchedCompletion,
+    ) -> Result<RowCompletion, StoreError> {
+        match batched {
+            BatchedCompletion::Committed => Ok(RowCompletion::Committed),
+            BatchedCompletion::Undecided => Ok(RowCompletion::Undecided),
+            BatchedCompletion::Alone(CompletionEffect::Nothing) => Err(StoreError::Refused {
+                detail: "a completion with a row came back from its batch without it".to_owned(),
+                source: None,
+            }),
+            BatchedCompletion::Alone(CompletionEffect::Row(row)) => {
+                let params = row.borrowed_params();
+                let row = RowEffect {
+                    into: row.into,
+                    values: row.values,
+                    params: &params,
+                };
+                self.complete_with_row(lease, response, row).await
+            }
+            BatchedCompletion::Unavailable(detail) => Err(StoreError::Unavailable { detail, source: None }),
+            BatchedCompletion::Refused(detail) => Err(StoreError::Refused { detail, source: None }),
+        }
+    }
+
     async fn complete_with_once<'a, T, F>(
         &self,
         lease: &HeldLease,
@@ -168,6 +235,19 @@ impl PostgresStore {
         };
         open.complete_and_commit(&slot, previous, completed).await?;
         Ok(Completion::Committed { response, value })
+    }
+}
+
+/// Why a completion's batch gave no answer, as the store's error.
+pub(crate) fn completion_batch_error(error: BatchError) -> StoreError {
+    match error {
+        BatchError::Lost => StoreError::Unavailable {
+            detail: "the completion's batch ended without an answer; it may have committed".to_owned(),
+            source: None,
+        },
+        refused @ BatchError::QueueFull { .. } => {
+            StoreError::unavailable("postgresql completions are queued past their bound", refused)
+        }
     }
 }
 

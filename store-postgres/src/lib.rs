@@ -4,8 +4,13 @@
 //!   key), created by versioned migrations ([`PostgresStore::migrate`]).
 //! - Transaction 1 claims with `INSERT ... ON CONFLICT DO NOTHING`, then
 //!   `SELECT ... FOR UPDATE` to inspect, and commits at once. Nothing is held
-//!   while the handler works.
-//! - Transaction 2 completes only while the lease token holds, and with
+//!   while the handler works. Claims are batched across calls: those that
+//!   arrive while a batch is in flight go together as one statement and one
+//!   commit (`claim_batch.rs`, at most [`PostgresConfig::batch_items_max`]; 1
+//!   turns batching off).
+//! - Transaction 2 completes only while the lease token holds (batched
+//!   like claims: one transaction and one commit per batch,
+//!   `completion_batch.rs`), and with
 //!   store-core's [`store_core::AtomicCompletion::complete_with`] commits
 //!   the handler's own rows (a label) in the same transaction.
 //! - Every decision is store-core's pure state machine, run on the locked
@@ -14,6 +19,8 @@
 //!   index with `FOR UPDATE SKIP LOCKED`, leaving tombstones so late retries
 //!   are noticed.
 
+mod claim_batch;
+mod completion_batch;
 mod config;
 mod effect;
 mod error;
@@ -26,10 +33,14 @@ mod store;
 pub mod testkit;
 mod tls;
 
+pub use claim_batch::{BatchedClaim, CLAIM_BATCH_QUEUED_ITEMS_MAX, CLAIM_BATCHES_IN_FLIGHT_MAX};
+pub use completion_batch::{
+    BatchedCompletion, COMPLETION_BATCH_QUEUED_ITEMS_MAX, COMPLETION_BATCHES_IN_FLIGHT_MAX, OwnedRowEffect,
+};
 pub use config::{
-    CONNECT_TIMEOUT_MS_DEFAULT, ConfigError, IDLE_IN_TRANSACTION_TIMEOUT_MS_DEFAULT, OPERATION_TIMEOUT_MS_DEFAULT,
-    POOL_SIZE_DEFAULT, POOL_SIZE_MAX, POOL_WAIT_TIMEOUT_MS_DEFAULT, PostgresConfig, STATEMENT_TIMEOUT_MS_DEFAULT,
-    SslMode, TIMEOUT_MS_MAX,
+    BATCH_ITEMS_MAX, BATCH_ITEMS_MAX_DEFAULT, CONNECT_TIMEOUT_MS_DEFAULT, ConfigError,
+    IDLE_IN_TRANSACTION_TIMEOUT_MS_DEFAULT, OPERATION_TIMEOUT_MS_DEFAULT, POOL_SIZE_DEFAULT, POOL_SIZE_MAX,
+    POOL_WAIT_TIMEOUT_MS_DEFAULT, PostgresConfig, STATEMENT_TIMEOUT_MS_DEFAULT, SslMode, TIMEOUT_MS_MAX,
 };
 /// The driver and its pool, so callers write effects against the same versions
 /// (an effect gets a `deadpool_postgres::Client` inside the open transaction).

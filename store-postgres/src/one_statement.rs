@@ -108,7 +108,7 @@ macro_rules! fenced_update {
 
 const CHECKPOINT: &str = fenced_update!("recovery_point = $4");
 
-const COMPLETE: &str = fenced_update!(completion_columns!());
+pub(crate) const COMPLETE: &str = fenced_update!(completion_columns!());
 
 const RELEASE: &str = fenced_update!("locked_until = least(keys.locked_until, clock.now)");
 
@@ -123,7 +123,7 @@ const ABANDON: &str = concat!(
 
 /// Milliseconds as a PostgreSQL bigint. Policy values are bounded far below
 /// `i64::MAX` (`store_core::RETENTION_MS_MAX`), so this never saturates.
-fn bigint_ms(ms: u64) -> i64 {
+pub(crate) fn bigint_ms(ms: u64) -> i64 {
     i64::try_from(ms).unwrap_or(i64::MAX)
 }
 
@@ -152,8 +152,21 @@ pub(crate) async fn claim<C: GenericClient>(
         &retention_ms,
     ];
     let row = client.query_one(&statement, &params).await?;
-    let now_ms = time_column(&row, "now")?;
-    if boolean_column(&row, "inserted")? {
+    Ok(claim_decision(&row, request, policy)?)
+}
+
+/// What a claim statement's row decides (this one's, or one row of the
+/// batched claim in `claim_batch.rs`, which has the same columns): the machine's
+/// outcome, or `None` for the locked path. The row has `now`, `inserted`
+/// (this statement inserted the key's first record), `found` (the
+/// statement's snapshot held a record) and that record's columns.
+pub(crate) fn claim_decision(
+    row: &Row,
+    request: &ClaimRequest,
+    policy: &Policy,
+) -> Result<Option<ClaimOutcome>, StoreError> {
+    let now_ms = time_column(row, "now")?;
+    if boolean_column(row, "inserted")? {
         let step = machine::claim(Found::Nothing, request, now_ms, policy);
         assert!(
             matches!((&step.write, &step.outcome), (Write::Put(_), ClaimOutcome::Acquired(_))),
@@ -161,12 +174,12 @@ pub(crate) async fn claim<C: GenericClient>(
         );
         return Ok(Some(step.outcome));
     }
-    if !boolean_column(&row, "found")? {
+    if !boolean_column(row, "found")? {
         // A tombstone (a late key), or a record committed after this
         // statement's snapshot: the locked path sees both.
         return Ok(None);
     }
-    let existing = record_from_row(&row)?;
+    let existing = record_from_row(row)?;
     let step = machine::claim(Found::Record(&existing), request, now_ms, policy);
     Ok(matches!(step.write, Write::Nothing).then_some(step.outcome))
 }
@@ -229,7 +242,7 @@ pub(crate) async fn fenced_write<C: GenericClient>(
 }
 
 /// The parameters `$1` to `$8` of a completion ([`completion_columns!`]).
-struct CompletionParams<'a> {
+pub(crate) struct CompletionParams<'a> {
     slot: &'a Slot,
     token: uuid::Uuid,
     status: i32,
@@ -240,7 +253,7 @@ struct CompletionParams<'a> {
 }
 
 impl<'a> CompletionParams<'a> {
-    fn new(slot: &'a Slot, lease: &HeldLease, response: &'a SavedResponse, policy: &Policy) -> Self {
+    pub(crate) fn new(slot: &'a Slot, lease: &HeldLease, response: &'a SavedResponse, policy: &Policy) -> Self {
         Self {
             slot,
             token: token_to_uuid(lease.token),
@@ -252,7 +265,7 @@ impl<'a> CompletionParams<'a> {
         }
     }
 
-    fn params(&self) -> [&(dyn ToSql + Sync); 8] {
+    pub(crate) fn params(&self) -> [&(dyn ToSql + Sync); 8] {
         [
             &self.slot.caller,
             &self.slot.key_digest,
@@ -279,7 +292,7 @@ pub(crate) const ROW_EFFECT_FIRST_PARAMETER: usize = 9;
 /// reads what is there. The last column divides by zero, aborting the
 /// statement, if the row went in without the completion: an effect never
 /// commits alone, whatever the planner does.
-fn completion_with_row_statement(into: &str, values: &str) -> String {
+pub(crate) fn completion_with_row_statement(into: &str, values: &str) -> String {
     format!(
         concat!(
             "WITH clock AS (SELECT date_trunc('milliseconds', now()) AS now), ",
@@ -331,11 +344,43 @@ pub(crate) async fn complete_with_row<C: GenericClient>(
         }
         Err(error) => return Err(error.into()),
     };
-    if !boolean_column(&row, "completed")? {
+    completion_with_row_decision(&row, lease, response, policy)
+}
+
+/// What a completion-with-row statement's row says (this one's, or one of
+/// a batch's in `completion_batch.rs`): `Some(Applied)` when it completed
+/// the record, which the machine must agree with, `None` when it wrote
+/// nothing.
+pub(crate) fn completion_with_row_decision(
+    row: &Row,
+    lease: &HeldLease,
+    response: &SavedResponse,
+    policy: &Policy,
+) -> Result<Option<Fenced>, Attempt<StoreError>> {
+    if !boolean_column(row, "completed")? {
         return Ok(None);
     }
-    let previous = record_from_row(&row)?;
-    let now_ms = time_column(&row, "now")?;
+    let previous = record_from_row(row)?;
+    let now_ms = time_column(row, "now")?;
+    let step = machine::complete(Found::Record(&previous), lease.token, response.clone(), now_ms, policy);
+    machine_agrees(step).map(Some)
+}
+
+/// What a [`COMPLETE`] statement's rows say (one of a batch's in
+/// `completion_batch.rs`): `Some(Applied)` when it completed the record,
+/// which the machine must agree with, `None` when its guard did not hold
+/// and it wrote nothing.
+pub(crate) fn complete_decision(
+    row: Option<&Row>,
+    lease: &HeldLease,
+    response: &SavedResponse,
+    policy: &Policy,
+) -> Result<Option<Fenced>, Attempt<StoreError>> {
+    let Some(row) = row else {
+        return Ok(None);
+    };
+    let previous = record_from_row(row)?;
+    let now_ms = time_column(row, "now")?;
     let step = machine::complete(Found::Record(&previous), lease.token, response.clone(), now_ms, policy);
     machine_agrees(step).map(Some)
 }
@@ -381,7 +426,7 @@ fn machine_agrees(step: Step<Fenced>) -> Result<Fenced, Attempt<StoreError>> {
     Ok(step.outcome)
 }
 
-fn boolean_column(row: &Row, name: &str) -> Result<bool, StoreError> {
+pub(crate) fn boolean_column(row: &Row, name: &str) -> Result<bool, StoreError> {
     row.try_get(name)
         .map_err(|error| StoreError::Corrupt(store_core::CodecError::Malformed(format!("column {name}: {error}"))))
 }

@@ -10,7 +10,15 @@
 //! transaction or lock outlives a call, so nothing is held while the handler
 //! talks to the carrier.
 
+use crate::claim_batch::{
+    BatchedClaim, CLAIM_BATCH_QUEUED_ITEMS_MAX, CLAIM_BATCHES_IN_FLIGHT_MAX, ClaimBatchRunner, ClaimBatcher, ClaimItem,
+};
+use crate::completion_batch::{
+    BatchedCompletion, COMPLETION_BATCH_QUEUED_ITEMS_MAX, COMPLETION_BATCHES_IN_FLIGHT_MAX, CompletionBatchRunner,
+    CompletionBatcher, CompletionEffect, CompletionItem,
+};
 use crate::config::{ConfigError, PostgresConfig};
+use crate::effect::completion_batch_error;
 use crate::error::{Attempt, RETRY_BACKOFF_MS_MAX, TRANSACTION_ATTEMPTS_MAX};
 use crate::notify::ChangeListener;
 use crate::one_statement::{self, FencedWrite};
@@ -22,9 +30,9 @@ use std::sync::Arc;
 use std::time::Duration;
 use store_core::machine::{self, Found, Write};
 use store_core::{
-    CallerId, ChangeHub, ClaimOutcome, ClaimRequest, Fenced, ForgetOutcome, HeldLease, IdempotencyKey,
-    IdempotencyStore, KeyDigest, PURGE_BATCH_MAX, Policy, PurgeReport, Record, RecordId, RecoveryPoint, SavedResponse,
-    StoreError,
+    BatchError, BatchLimits, Batcher, CallerId, ChangeHub, ClaimOutcome, ClaimRequest, Fenced, ForgetOutcome,
+    HeldLease, IdempotencyKey, IdempotencyStore, KeyDigest, PURGE_BATCH_MAX, Policy, PurgeReport, Record, RecordId,
+    RecoveryPoint, SavedResponse, StoreError,
 };
 
 const SELECT_CLOCK: &str = "SELECT now() AS now";
@@ -109,9 +117,15 @@ const PURGE_TOMBSTONES: &str = "WITH due AS (\
 pub struct PostgresStore {
     pub(crate) pool: Pool,
     pub(crate) policy: Policy,
-    operation_timeout: Duration,
+    pub(crate) operation_timeout: Duration,
     /// Waiters on this instance, woken by its change listener (`notify.rs`).
     changes: ChangeHub,
+    /// Claims batched across calls (`claim_batch.rs`); `None` when the config's
+    /// `batch_items_max` is 1, and every claim goes alone.
+    claims: Option<ClaimBatcher>,
+    /// Completions with one effect row batched across calls
+    /// (`completion_batch.rs`); `None` as `claims`.
+    pub(crate) completions: Option<CompletionBatcher>,
 }
 
 impl std::fmt::Debug for PostgresStore {
@@ -133,12 +147,50 @@ impl PostgresStore {
             let (driver_config, tls) = config.listener_config()?;
             ChangeListener::new(driver_config, tls, pool.clone(), config.operation_timeout())
         };
+        let claims = Self::claim_batcher(config, &pool)?;
+        let completions = Self::completion_batcher(config, &pool)?;
         Ok(Self {
             pool,
             policy,
             operation_timeout: config.operation_timeout(),
             changes: ChangeHub::with_source(Arc::new(listener)),
+            claims,
+            completions,
         })
+    }
+
+    fn completion_batcher(config: &PostgresConfig, pool: &Pool) -> Result<Option<CompletionBatcher>, ConfigError> {
+        if config.batch_items_max == 1 {
+            return Ok(None);
+        }
+        let limits = BatchLimits::new(
+            config.batch_items_max,
+            COMPLETION_BATCH_QUEUED_ITEMS_MAX,
+            COMPLETION_BATCHES_IN_FLIGHT_MAX,
+        )
+        .map_err(|_| ConfigError::BatchItems(config.batch_items_max))?;
+        let runner = CompletionBatchRunner {
+            pool: pool.clone(),
+            operation_timeout: config.operation_timeout(),
+        };
+        Ok(Some(Batcher::new(runner, limits)))
+    }
+
+    fn claim_batcher(config: &PostgresConfig, pool: &Pool) -> Result<Option<ClaimBatcher>, ConfigError> {
+        if config.batch_items_max == 1 {
+            return Ok(None);
+        }
+        let limits = BatchLimits::new(
+            config.batch_items_max,
+            CLAIM_BATCH_QUEUED_ITEMS_MAX,
+            CLAIM_BATCHES_IN_FLIGHT_MAX,
+        )
+        .map_err(|_| ConfigError::BatchItems(config.batch_items_max))?;
+        let runner = ClaimBatchRunner {
+            pool: pool.clone(),
+            operation_timeout: config.operation_timeout(),
+        };
+        Ok(Some(Batcher::new(runner, limits)))
     }
 
     pub fn policy(&self) -> &Policy {
@@ -198,6 +250,48 @@ impl PostgresStore {
         .into())
     }
 
+    /// The claim's batch, or [`BatchedClaim::Alone`] without batching or
+    /// when the batch's lane ended without an answer.
+    pub(crate) async fn claim_in_batch(&self, request: &ClaimRequest) -> Result<BatchedClaim, StoreError> {
+        let Some(claims) = &self.claims else {
+            return Ok(BatchedClaim::Alone);
+        };
+        let item = ClaimItem {
+            slot: Slot::new(&request.caller, &request.key),
+            request: request.clone(),
+            policy: self.policy,
+        };
+        match claims.submit(item).await {
+            Ok(batched) => Ok(batched),
+            Err(BatchError::Lost) => Ok(BatchedClaim::Alone),
+            Err(refused @ BatchError::QueueFull { .. }) => Err(StoreError::unavailable(
+                "postgresql claims are queued past their bound",
+                refused,
+            )),
+        }
+    }
+
+    /// A claim the batch did not decide, on the path the batch chose.
+    pub(crate) async fn finish_claim(
+        &self,
+        request: &ClaimRequest,
+        batched: BatchedClaim,
+    ) -> Result<ClaimOutcome, StoreError> {
+        match batched {
+            BatchedClaim::Decided(outcome) => Ok(outcome),
+            BatchedClaim::Locked => {
+                let slot = Slot::new(&request.caller, &request.key);
+                self.with_retries(|| async {
+                    let mut connection = self.pool.get().await?;
+                    self.claim_locked(&mut connection, &slot, request).await
+                })
+                .await
+            }
+            BatchedClaim::Alone => self.with_retries(|| self.claim_once(request)).await,
+            BatchedClaim::Unavailable(detail) => Err(StoreError::Unavailable { detail, source: None }),
+        }
+    }
+
     /// Transaction 1 of the specification: one statement when the key is
     /// new or its record needs no write (see `one_statement.rs`); otherwise
     /// the locked path.
@@ -254,11 +348,70 @@ impl PostgresStore {
         if let Some(outcome) = one_statement::fenced_write(&connection, &slot, lease, write, &self.policy).await? {
             return Ok(outcome);
         }
-        // Lock the row, let the machine check the token and make the step.
+        self.fenced_locked(&mut connection, &slot, lease, write).await
+    }
+
+    /// A completion in a batch with the completions that arrive while the
+    /// previous batch is in flight (`completion_batch.rs`); what the batch
+    /// does not decide takes the locked path, or the whole unbatched path.
+    async fn complete_in_batch(&self, lease: &HeldLease, response: &SavedResponse) -> Result<Fenced, StoreError> {
+        let write = FencedWrite::Complete(response);
+        let Some(completions) = &self.completions else {
+            return self.fenced(lease, write).await;
+        };
+        let item = CompletionItem {
+            slot: Slot::new(&lease.caller, &lease.key),
+            lease: lease.clone(),
+            response: response.clone(),
+            policy: self.policy,
+            effect: CompletionEffect::Nothing,
+        };
+        let batched = match completions.submit(item).await {
+            // Safe to send again: a completion already saved by this token
+            // is applied, not saved twice.
+            Err(BatchError::Lost) => return self.fenced(lease, write).await,
+            other => other.map_err(completion_batch_error)?,
+        };
+        self.finish_complete(lease, response, batched).await
+    }
+
+    /// A plain completion on the path its batch chose.
+    pub(crate) async fn finish_complete(
+        &self,
+        lease: &HeldLease,
+        response: &SavedResponse,
+        batched: BatchedCompletion,
+    ) -> Result<Fenced, StoreError> {
+        let write = FencedWrite::Complete(response);
+        match batched {
+            BatchedCompletion::Committed => Ok(Fenced::Applied(())),
+            BatchedCompletion::Undecided => {
+                let slot = Slot::new(&lease.caller, &lease.key);
+                self.with_retries(|| async {
+                    let mut connection = self.pool.get().await?;
+                    self.fenced_locked(&mut connection, &slot, lease, write).await
+                })
+                .await
+            }
+            BatchedCompletion::Alone(_) => self.fenced(lease, write).await,
+            BatchedCompletion::Unavailable(detail) => Err(StoreError::Unavailable { detail, source: None }),
+            BatchedCompletion::Refused(detail) => Err(StoreError::Refused { detail, source: None }),
+        }
+    }
+
+    /// A fenced write in a transaction: lock the row, let the machine check
+    /// the token and make the step.
+    async fn fenced_locked(
+        &self,
+        connection: &mut deadpool_postgres::Object,
+        slot: &Slot,
+        lease: &HeldLease,
+        write: FencedWrite<'_>,
+    ) -> Result<Fenced, Attempt<StoreError>> {
         let transaction = connection.transaction().await?;
-        let (record, now_ms) = lock_record(&transaction, &slot).await?;
+        let (record, now_ms) = lock_record(&transaction, slot).await?;
         let step = write.step(Found::from_record(record.as_ref()), lease, now_ms, &self.policy);
-        write_step(&transaction, &slot, record.as_ref(), &step.write).await?;
+        write_step(&transaction, slot, record.as_ref(), &step.write).await?;
         transaction.commit().await?;
         Ok(step.outcome)
     }
@@ -437,16 +590,22 @@ impl IdempotencyStore for PostgresStore {
         "postgres"
     }
 
+    /// In a batch with the claims that arrive while the previous batch is
+    /// in flight (`claim_batch.rs`); what the batch does not decide takes the
+    /// locked path, or the whole unbatched path.
     async fn claim(&self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
-        self.with_retries(|| self.claim_once(request)).await
+        let batched = self.claim_in_batch(request).await?;
+        self.finish_claim(request, batched).await
     }
 
     async fn checkpoint(&self, lease: &HeldLease, point: RecoveryPoint) -> Result<Fenced, StoreError> {
         self.fenced(lease, FencedWrite::Checkpoint(&point)).await
     }
 
+    /// In a batch with the completions that arrive while the previous
+    /// batch is in flight (`completion_batch.rs`).
     async fn complete(&self, lease: &HeldLease, response: SavedResponse) -> Result<Fenced, StoreError> {
-        let result = self.fenced(lease, FencedWrite::Complete(&response)).await;
+        let result = self.complete_in_batch(lease, &response).await;
         self.announce_end(lease, &result);
         result
     }

@@ -15,8 +15,12 @@
 //! a small watchdog process that stops it and removes its directory once the
 //! test process has exited, however it exited.
 
+use crate::claim_batch::{BatchedClaim, ClaimBatchRunner, ClaimItem};
+use crate::completion_batch::{CompletionBatchRunner, CompletionEffect, CompletionItem, OwnedRowEffect};
 use crate::config::{PostgresConfig, SslMode};
+use crate::effect::RowCompletion;
 use crate::migrate::{MigrateError, Migration};
+use crate::row::Slot;
 use crate::store::PostgresStore;
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::process::CommandExt;
@@ -24,7 +28,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
-use store_core::Policy;
+use store_core::{BatchRunner, ClaimOutcome, ClaimRequest, Fenced, HeldLease, Policy, SavedResponse, StoreError};
 use tempfile::TempDir;
 use test_support::tls::TestCertificates;
 
@@ -132,6 +136,115 @@ impl TestDatabase {
         store.migrate(extra).await?;
         Ok(store)
     }
+}
+
+/// Runs `requests` as one claim batch, as if they had all arrived while the
+/// previous batch was in flight, and then finishes each claim, in order, on
+/// the path its batch outcome chose, as [`PostgresStore`]'s `claim` does.
+/// Returns what the batch decided for each claim and the claim's outcome:
+/// the tests' way to put chosen claims (the same key twice, conflicting
+/// rows) into one batch, which concurrent calls do only by chance.
+pub async fn claim_in_one_batch(
+    store: &PostgresStore,
+    requests: &[ClaimRequest],
+) -> Vec<(BatchedClaim, Result<ClaimOutcome, StoreError>)> {
+    let items = requests
+        .iter()
+        .map(|request| ClaimItem {
+            slot: Slot::new(&request.caller, &request.key),
+            request: request.clone(),
+            policy: *store.policy(),
+        })
+        .collect();
+    let runner = ClaimBatchRunner {
+        pool: store.pool().clone(),
+        operation_timeout: store.operation_timeout,
+    };
+    let batched = runner.run(items).await;
+    assert_eq!(batched.len(), requests.len(), "one outcome per claim");
+    let mut outcomes = Vec::with_capacity(requests.len());
+    for (request, batched) in requests.iter().zip(batched) {
+        let outcome = store.finish_claim(request, batched.clone()).await;
+        outcomes.push((batched, outcome));
+    }
+    outcomes
+}
+
+/// One completion for [`complete_with_rows_in_one_batch`].
+#[derive(Debug)]
+pub struct BatchCompletion {
+    pub lease: HeldLease,
+    pub response: SavedResponse,
+    pub row: OwnedRowEffect,
+}
+
+/// Runs `completions` as one completion batch, as if they had all arrived
+/// while the previous batch was in flight, and then finishes each, in
+/// order, on the path its batch outcome chose, as
+/// [`PostgresStore::complete_with_row_in_batch`] does. Returns what the
+/// batch decided for each ([`crate::BatchedCompletion::kind`]) and its outcome.
+pub async fn complete_with_rows_in_one_batch(
+    store: &PostgresStore,
+    completions: Vec<BatchCompletion>,
+) -> Vec<(&'static str, Result<RowCompletion, StoreError>)> {
+    let finishing: Vec<(HeldLease, SavedResponse)> = completions
+        .iter()
+        .map(|completion| (completion.lease.clone(), completion.response.clone()))
+        .collect();
+    let items = completions
+        .into_iter()
+        .map(|completion| CompletionItem {
+            slot: Slot::new(&completion.lease.caller, &completion.lease.key),
+            lease: completion.lease,
+            response: completion.response,
+            policy: *store.policy(),
+            effect: CompletionEffect::Row(completion.row),
+        })
+        .collect();
+    let runner = CompletionBatchRunner {
+        pool: store.pool().clone(),
+        operation_timeout: store.operation_timeout,
+    };
+    let batched = runner.run(items).await;
+    assert_eq!(batched.len(), finishing.len(), "one outcome per completion");
+    let mut outcomes = Vec::with_capacity(finishing.len());
+    for ((lease, response), batched) in finishing.iter().zip(batched) {
+        let kind = batched.kind();
+        outcomes.push((kind, store.finish_completion(lease, response, batched).await));
+    }
+    outcomes
+}
+
+/// Runs plain completions (`complete`) as one completion batch, then
+/// finishes each, in order, on the path its batch outcome chose, as
+/// `PostgresStore::complete` does (without waking waiters). Returns what
+/// the batch decided for each and its outcome.
+pub async fn complete_in_one_batch(
+    store: &PostgresStore,
+    completions: Vec<(HeldLease, SavedResponse)>,
+) -> Vec<(&'static str, Result<Fenced, StoreError>)> {
+    let items = completions
+        .iter()
+        .map(|(lease, response)| CompletionItem {
+            slot: Slot::new(&lease.caller, &lease.key),
+            lease: lease.clone(),
+            response: response.clone(),
+            policy: *store.policy(),
+            effect: CompletionEffect::Nothing,
+        })
+        .collect();
+    let runner = CompletionBatchRunner {
+        pool: store.pool().clone(),
+        operation_timeout: store.operation_timeout,
+    };
+    let batched = runner.run(items).await;
+    assert_eq!(batched.len(), completions.len(), "one outcome per completion");
+    let mut outcomes = Vec::with_capacity(completions.len());
+    for ((lease, response), batched) in completions.iter().zip(batched) {
+        let kind = batched.kind();
+        outcomes.push((kind, store.finish_complete(lease, response, batched).await));
+    }
+    outcomes
 }
 
 impl PostgresServer {

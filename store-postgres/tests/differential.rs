@@ -12,7 +12,14 @@
 //! wrote or reported must lie between what the machine gives at those two
 //! instants, and everything else must be equal. The records' times sit a
 //! minute away from the clock, so no decision depends on which instant
-//! within the call the statement ran at.
+//! within the call the statement ran at. Each case runs on a store that
+//! batches claims (a lone claim is a batch of one) or on one that does not.
+//!
+//! Claim batches (`src/claim_batch.rs`) get the same treatment: random keys in
+//! random states, a random batch of claims over them (keys repeat), put into
+//! one batch by the testkit; every claim's outcome and every key's row must
+//! be the machine's with the claims applied one after the other in the
+//! batch's order.
 
 mod common;
 
@@ -23,7 +30,13 @@ use store_core::{
     CallerId, ClaimOutcome, ClaimRequest, Fenced, Fingerprint, HeldLease, IdempotencyKey, IdempotencyStore, Lease,
     LeaseToken, Policy, Record, RecordState, RecoveryPoint, SavedResponse,
 };
-use store_postgres::{Migration, ROW_EFFECT_FIRST_PARAMETER, RowCompletion, RowEffect};
+use store_postgres::testkit::{
+    BatchCompletion, TestDatabase, claim_in_one_batch, complete_in_one_batch, complete_with_rows_in_one_batch,
+};
+use store_postgres::{
+    BatchedClaim, Migration, OwnedRowEffect, PostgresConfig, PostgresStore, ROW_EFFECT_FIRST_PARAMETER, RowCompletion,
+    RowEffect,
+};
 use tokio_postgres::Client;
 use uuid::Uuid;
 
@@ -490,26 +503,890 @@ async fn effect_row(client: &Client, key: &IdempotencyKey) -> Option<String> {
         .map(|row| row.get(0))
 }
 
+/// Two stores over one migrated database: claims batched (the default,
+/// where a lone claim is a batch of one) and not (`batch_items_max = 1`,
+/// every claim its own one-key statement).
+async fn batched_and_unbatched_stores() -> (PostgresStore, PostgresStore, Client, TestDatabase) {
+    let database = common::fresh_database().await;
+    let batched = database
+        .migrated_store(policy(), &[EFFECT_ROWS])
+        .await
+        .expect("migrated store");
+    let unbatched_config = PostgresConfig {
+        batch_items_max: 1,
+        ..database.config()
+    };
+    let unbatched = PostgresStore::new(&unbatched_config, policy()).expect("store without batching");
+    let client = common::raw_client(&database.url).await;
+    (batched, unbatched, client, database)
+}
+
 #[test]
 fn one_statement_transitions_agree_with_the_state_machine() {
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
-    let (store, client, _database) = runtime.block_on(async {
-        let database = common::fresh_database().await;
-        let store = database
-            .migrated_store(policy(), &[EFFECT_ROWS])
-            .await
-            .expect("migrated store");
-        let client = common::raw_client(&database.url).await;
-        (store, client, database)
-    });
+    let (batched, unbatched, client, _database) = runtime.block_on(batched_and_unbatched_stores());
     let mut runner = TestRunner::new(Config {
         cases: CASES,
         ..Config::default()
     });
     runner
-        .run(&(initial(), transition()), |(initial, transition)| {
-            runtime.block_on(run_case(&store, &client, initial, transition));
+        .run(
+            &(initial(), transition(), any::<bool>()),
+            |(initial, transition, batching)| {
+                let store = if batching { &batched } else { &unbatched };
+                runtime.block_on(run_case(store, &client, initial, transition));
+                Ok(())
+            },
+        )
+        .expect("every case agrees with the machine");
+}
+
+/// Keys one batch case spreads its claims over, so that keys repeat.
+const BATCH_KEYS: usize = 3;
+/// Claims in one batch case at most.
+const BATCH_CLAIMS_MAX: usize = 6;
+/// Batch cases per run: each is a dozen round trips.
+const BATCH_CASES: u32 = 64;
+const THIRD: LeaseToken = LeaseToken(0xC);
+
+/// One claim of a batch: which key, which attempt, and whether its body is
+/// the one the key's initial record was made with.
+#[derive(Debug, Clone)]
+struct BatchClaim {
+    key: usize,
+    token: LeaseToken,
+    same_body: bool,
+}
+
+fn batch_claims() -> impl Strategy<Value = Vec<BatchClaim>> {
+    let claim = (
+        0..BATCH_KEYS,
+        prop_oneof![Just(HOLDER), Just(OTHER), Just(THIRD)],
+        any::<bool>(),
+    )
+        .prop_map(|(key, token, same_body)| BatchClaim { key, token, same_body });
+    proptest::collection::vec(claim, 1..=BATCH_CLAIMS_MAX)
+}
+
+/// A key's state as the machine sees it between two claims.
+#[derive(Debug, Clone)]
+enum Known {
+    Nothing,
+    Tombstone,
+    Record(Record),
+}
+
+impl Known {
+    fn found(&self) -> Found<'_> {
+        match self {
+            Known::Nothing => Found::Nothing,
+            Known::Tombstone => Found::Tombstone,
+            Known::Record(record) => Found::Record(record),
+        }
+    }
+
+    fn row(&self) -> Option<Record> {
+        match self {
+            Known::Record(record) => Some(record.clone()),
+            Known::Nothing | Known::Tombstone => None,
+        }
+    }
+}
+
+/// The machine's claims one after the other, in the batch's order, all at
+/// `now_ms`: each claim's outcome and each key's row at the end.
+fn machine_claims_in_order(
+    mut keys: Vec<Known>,
+    claims: &[BatchClaim],
+    requests: &[ClaimRequest],
+    now_ms: u64,
+) -> (Vec<Reported>, Vec<Option<Record>>) {
+    let policy = policy();
+    let mut reported = Vec::new();
+    for (claim, request) in claims.iter().zip(requests) {
+        let step = machine::claim(keys[claim.key].found(), request, now_ms, &policy);
+        match step.write {
+            Write::Nothing => {}
+            Write::Put(record) => keys[claim.key] = Known::Record(record),
+            Write::Delete => keys[claim.key] = Known::Nothing,
+        }
+        reported.push(Reported::Claim(step.outcome));
+    }
+    (reported, keys.iter().map(Known::row).collect())
+}
+
+/// `actual` is the machine's value at `early` but for its times, and each
+/// time is within `span_ms` of the machine's: each claim of the batch ran at
+/// some instant in the span, and a time may be the difference of two.
+fn agrees_within<T: Times + PartialEq + std::fmt::Debug>(actual: &T, early: &T, late: &T, span_ms: u64, what: &str) {
+    assert_eq!(
+        actual.without_times(),
+        early.without_times(),
+        "{what}: differs from the machine"
+    );
+    assert_eq!(
+        early.without_times(),
+        late.without_times(),
+        "{what}: the machine's decision moved with the clock"
+    );
+    for (actual, early) in actual.times().iter().zip(&early.times()) {
+        assert!(
+            actual.abs_diff(*early) <= span_ms,
+            "{what}: time {actual} more than {span_ms} ms from the machine's {early}"
+        );
+    }
+}
+
+/// Puts each key's initial state in the table; returns what the machine
+/// starts from.
+async fn set_up_keys(client: &Client, caller: &CallerId, keys: &[IdempotencyKey], initial: &[Initial]) -> Vec<Known> {
+    let setup_now_ms = database_now_ms(client).await;
+    let mut known = Vec::new();
+    for (key, initial) in keys.iter().zip(initial) {
+        let record = record_of(initial, setup_now_ms);
+        known.push(match (initial, record) {
+            (Initial::Tombstone, _) => {
+                insert_tombstone(client, caller, key, setup_now_ms).await;
+                Known::Tombstone
+            }
+            (_, Some(record)) => {
+                insert_raw(client, caller, key, &record).await;
+                Known::Record(record)
+            }
+            (_, None) => Known::Nothing,
+        });
+    }
+    known
+}
+
+async fn run_batch_case(store: &PostgresStore, client: &Client, initial: Vec<Initial>, claims: Vec<BatchClaim>) {
+    let caller = CallerId::new("differential").expect("valid caller");
+    let keys: Vec<IdempotencyKey> = (0..BATCH_KEYS)
+        .map(|_| IdempotencyKey::new(&format!("batch-{:032x}", rand::random::<u128>())).expect("valid key"))
+        .collect();
+    let known = set_up_keys(client, &caller, &keys, &initial).await;
+    let requests: Vec<ClaimRequest> = claims
+        .iter()
+        .map(|claim| ClaimRequest {
+            caller: caller.clone(),
+            key: keys[claim.key].clone(),
+            fingerprint: fingerprint(claim.same_body),
+            token: claim.token,
+        })
+        .collect();
+    let before_ms = database_now_ms(client).await;
+    let results = claim_in_one_batch(store, &requests).await;
+    let after_ms = database_now_ms(client).await;
+    let what = format!("{initial:?} then the batch {claims:?}");
+    for (index, (batched, _)) in results.iter().enumerate() {
+        if claims[..index].iter().any(|earlier| earlier.key == claims[index].key) {
+            assert_eq!(
+                batched,
+                &BatchedClaim::Alone,
+                "{what}: claim {index} repeats a key, so goes alone"
+            );
+        }
+    }
+    let (early, early_rows) = machine_claims_in_order(known.clone(), &claims, &requests, before_ms);
+    let (late, late_rows) = machine_claims_in_order(known, &claims, &requests, after_ms);
+    let span_ms = after_ms - before_ms;
+    for (index, (_, outcome)) in results.into_iter().enumerate() {
+        let actual = Reported::Claim(outcome.expect("claim"));
+        let what = format!("{what}: claim {index}");
+        agrees_within(&actual, &early[index], &late[index], span_ms, &what);
+    }
+    for (index, key) in keys.iter().enumerate() {
+        let row = store.inspect(&caller, key).await.expect("inspect");
+        let what = format!("{what}: row of key {index}");
+        agrees_within(&row, &early_rows[index], &late_rows[index], span_ms, &what);
+    }
+}
+
+#[test]
+fn claim_batches_agree_with_the_state_machine_claim_by_claim() {
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let (store, _unbatched, client, _database) = runtime.block_on(batched_and_unbatched_stores());
+    let mut runner = TestRunner::new(Config {
+        cases: BATCH_CASES,
+        ..Config::default()
+    });
+    let initials = proptest::collection::vec(initial(), BATCH_KEYS);
+    runner
+        .run(&(initials, batch_claims()), |(initial, claims)| {
+            runtime.block_on(run_batch_case(&store, &client, initial, claims));
             Ok(())
         })
-        .expect("every case agrees with the machine");
+        .expect("every batch agrees with the machine claim by claim");
+}
+
+/// One claim request of the explicit batch cases below.
+fn claim_of(caller: &CallerId, key: &IdempotencyKey, token: LeaseToken, same_body: bool) -> ClaimRequest {
+    ClaimRequest {
+        caller: caller.clone(),
+        key: key.clone(),
+        fingerprint: fingerprint(same_body),
+        token,
+    }
+}
+
+fn new_key(name: &str) -> IdempotencyKey {
+    IdempotencyKey::new(&format!("{name}-{:032x}", rand::random::<u128>())).expect("valid key")
+}
+
+/// What each pair of claims of one key answers in one batch must be what it
+/// answers when the same two claims come one after the other.
+#[tokio::test]
+async fn the_same_key_twice_in_one_batch_answers_as_two_claims_one_after_the_other() {
+    let (store, _unbatched, _client, _database) = batched_and_unbatched_stores().await;
+    let caller = CallerId::new("twice").expect("valid caller");
+    // (second token, second body the same): another attempt, the same
+    // attempt re-sent, another request under the same key.
+    for (second_token, same_body) in [(OTHER, true), (HOLDER, true), (OTHER, false)] {
+        let (in_batch, in_turn) = (new_key("in-batch"), new_key("in-turn"));
+        let batch = [
+            claim_of(&caller, &in_batch, HOLDER, true),
+            claim_of(&caller, &in_batch, second_token, same_body),
+        ];
+        let results = claim_in_one_batch(&store, &batch).await;
+        assert!(matches!(results[0].0, BatchedClaim::Decided(ClaimOutcome::Acquired(_))));
+        assert_eq!(
+            results[1].0,
+            BatchedClaim::Alone,
+            "the repeated key stays out of the statement"
+        );
+        let first = store
+            .claim(&claim_of(&caller, &in_turn, HOLDER, true))
+            .await
+            .expect("first");
+        let second = store
+            .claim(&claim_of(&caller, &in_turn, second_token, same_body))
+            .await
+            .expect("second");
+        for (batched, alone) in results.into_iter().map(|(_, outcome)| outcome).zip([first, second]) {
+            let mut batched = batched.expect("claim");
+            if let ClaimOutcome::Acquired(acquired) = &mut batched {
+                // The one difference allowed: the key's name.
+                acquired.lease.key = in_turn.clone();
+            }
+            let (batched, alone) = (Reported::Claim(batched), Reported::Claim(alone));
+            assert_eq!(
+                batched.without_times(),
+                alone.without_times(),
+                "{second_token:?}, {same_body}"
+            );
+        }
+    }
+}
+
+/// One batch over keys in every state: each claim gets its own key's
+/// answer, and the ones the statement cannot decide take the locked path.
+#[tokio::test]
+async fn a_batch_decides_each_claim_by_its_own_row() {
+    let (store, _unbatched, client, _database) = batched_and_unbatched_stores().await;
+    let caller = CallerId::new("mixed").expect("valid caller");
+    let initial = [
+        Initial::Nothing,
+        Initial::Completed {
+            by: OTHER,
+            expired: false,
+            same_body: true,
+        },
+        Initial::Started {
+            holder: OTHER,
+            lease_live: true,
+            point: false,
+            expired: false,
+            same_body: true,
+        },
+        // A lost lease: expired, so this claim takes the key over.
+        Initial::Started {
+            holder: OTHER,
+            lease_live: false,
+            point: true,
+            expired: false,
+            same_body: true,
+        },
+        Initial::Tombstone,
+        Initial::Completed {
+            by: OTHER,
+            expired: false,
+            same_body: false,
+        },
+    ];
+    let keys: Vec<IdempotencyKey> = (0..initial.len()).map(|_| new_key("mixed")).collect();
+    set_up_keys(&client, &caller, &keys, &initial).await;
+    let requests: Vec<ClaimRequest> = keys.iter().map(|key| claim_of(&caller, key, HOLDER, true)).collect();
+    let results = claim_in_one_batch(&store, &requests).await;
+    let kinds: Vec<(&str, &str)> = results
+        .iter()
+        .map(|(batched, outcome)| {
+            let batched = match batched {
+                BatchedClaim::Decided(_) => "decided",
+                BatchedClaim::Locked => "locked",
+                BatchedClaim::Alone => "alone",
+                BatchedClaim::Unavailable(_) => "unavailable",
+            };
+            (batched, outcome.as_ref().expect("claim").kind())
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            ("decided", "acquired"),
+            ("decided", "replay"),
+            ("decided", "in_progress"),
+            ("locked", "acquired"),
+            ("locked", "acquired"),
+            ("decided", "mismatch"),
+        ]
+    );
+    let Ok(ClaimOutcome::Acquired(takeover)) = &results[3].1 else {
+        panic!("the expired lease is taken over");
+    };
+    assert!(takeover.takeover && takeover.recovery_point == Some(point()));
+    let Ok(ClaimOutcome::Acquired(late)) = &results[4].1 else {
+        panic!("the tombstoned key is acquired");
+    };
+    assert!(late.late_key, "a tombstoned key is a late key");
+}
+
+/// Many claims of few keys at once through the store's `claim`, batched as
+/// they happen to arrive: each key is acquired exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_claims_of_few_keys_acquire_each_key_once() {
+    const KEYS: usize = 8;
+    const ATTEMPTS_PER_KEY: usize = 8;
+    let (store, _unbatched, _client, _database) = batched_and_unbatched_stores().await;
+    let caller = CallerId::new("concurrent").expect("valid caller");
+    let keys: Vec<IdempotencyKey> = (0..KEYS).map(|_| new_key("concurrent")).collect();
+    let mut tasks = Vec::new();
+    for attempt in 0..ATTEMPTS_PER_KEY {
+        for key in &keys {
+            let (store, request) = (
+                store.clone(),
+                claim_of(&caller, key, LeaseToken(attempt as u128 + 1), true),
+            );
+            tasks.push(tokio::spawn(async move {
+                (request.key.clone(), store.claim(&request).await)
+            }));
+        }
+    }
+    let mut acquired = std::collections::HashMap::new();
+    for task in tasks {
+        let (key, outcome) = task.await.expect("task");
+        match outcome.expect("claim") {
+            ClaimOutcome::Acquired(_) => *acquired.entry(key).or_insert(0) += 1,
+            ClaimOutcome::InProgress { .. } => {}
+            other => panic!("a live lease answers in progress, not {other:?}"),
+        }
+    }
+    assert_eq!(acquired.len(), KEYS, "every key acquired");
+    assert!(acquired.values().all(|&count| count == 1), "{acquired:?}");
+}
+
+/// One completion of a batch: which key, with which lease token.
+#[derive(Debug, Clone)]
+struct BatchCompletionCase {
+    key: usize,
+    token: LeaseToken,
+}
+
+fn batch_completions() -> impl Strategy<Value = Vec<BatchCompletionCase>> {
+    let completion = (0..BATCH_KEYS, token()).prop_map(|(key, token)| BatchCompletionCase { key, token });
+    proptest::collection::vec(completion, 1..=BATCH_CLAIMS_MAX)
+}
+
+/// The effect row a batched completion inserts: `differential_effect_rows`
+/// keyed by `row_key`, made by `made_by`.
+fn owned_effect_row(row_key: &str, made_by: &str) -> OwnedRowEffect {
+    OwnedRowEffect {
+        into: "differential_effect_rows (key_name, made_by)",
+        values: "$9::text, $10::text",
+        params: vec![Box::new(row_key.to_owned()), Box::new(made_by.to_owned())],
+    }
+}
+
+async fn effect_row_by_name(client: &Client, row_key: &str) -> Option<String> {
+    client
+        .query_opt(
+            "SELECT made_by FROM differential_effect_rows WHERE key_name = $1",
+            &[&row_key],
+        )
+        .await
+        .expect("read the effect row")
+        .map(|row| row.get(0))
+}
+
+fn lease_of(caller: &CallerId, key: &IdempotencyKey, token: LeaseToken) -> HeldLease {
+    HeldLease {
+        caller: caller.clone(),
+        key: key.clone(),
+        token,
+        locked_until_ms: 0,
+    }
+}
+
+/// The machine's completions one after the other at `now_ms`, each with its
+/// key's effect row: what each answers, each key's row and who made each
+/// key's effect row at the end. `rows_made` starts with the rows already
+/// there.
+fn machine_completions_in_order(
+    mut keys: Vec<Known>,
+    mut rows_made: Vec<Option<String>>,
+    completions: &[BatchCompletionCase],
+    now_ms: u64,
+) -> (Vec<Reported>, Vec<Option<Record>>, Vec<Option<String>>) {
+    let policy = policy();
+    let mut reported = Vec::new();
+    for (index, completion) in completions.iter().enumerate() {
+        let found = keys[completion.key].found();
+        let held = matches!(
+            machine::completion_fence(found, completion.token, now_ms),
+            machine::CompletionFence::Held
+        );
+        if held && rows_made[completion.key].is_none() {
+            let step = machine::complete(
+                found,
+                completion.token,
+                saved(&format!("item {index}")),
+                now_ms,
+                &policy,
+            );
+            let Write::Put(record) = step.write else {
+                panic!("a held lease completes with a write");
+            };
+            keys[completion.key] = Known::Record(record);
+            rows_made[completion.key] = Some(format!("item {index}"));
+            reported.push(Reported::Row(RowCompletion::Committed));
+        } else {
+            reported.push(Reported::Row(RowCompletion::Undecided));
+        }
+    }
+    (reported, keys.iter().map(Known::row).collect(), rows_made)
+}
+
+async fn run_completion_batch_case(
+    store: &PostgresStore,
+    client: &Client,
+    initial: Vec<Initial>,
+    rows_there: Vec<bool>,
+    completions: Vec<BatchCompletionCase>,
+) {
+    let caller = CallerId::new("differential").expect("valid caller");
+    let keys: Vec<IdempotencyKey> = (0..BATCH_KEYS).map(|_| new_key("completion")).collect();
+    let known = set_up_keys(client, &caller, &keys, &initial).await;
+    for (key, there) in keys.iter().zip(&rows_there) {
+        if *there {
+            insert_effect_row(client, key, "another key").await;
+        }
+    }
+    let rows_made: Vec<Option<String>> = rows_there
+        .iter()
+        .map(|there| there.then(|| "another key".to_owned()))
+        .collect();
+    let batch = completions
+        .iter()
+        .enumerate()
+        .map(|(index, completion)| BatchCompletion {
+            lease: lease_of(&caller, &keys[completion.key], completion.token),
+            response: saved(&format!("item {index}")),
+            row: owned_effect_row(keys[completion.key].as_str(), &format!("item {index}")),
+        })
+        .collect();
+    let before_ms = database_now_ms(client).await;
+    let results = complete_with_rows_in_one_batch(store, batch).await;
+    let after_ms = database_now_ms(client).await;
+    let what = format!("{initial:?}, rows there {rows_there:?}, then the batch {completions:?}");
+    for (index, (kind, _)) in results.iter().enumerate() {
+        if completions[..index]
+            .iter()
+            .any(|earlier| earlier.key == completions[index].key)
+        {
+            assert_eq!(
+                *kind, "alone",
+                "{what}: completion {index} repeats a key, so goes alone"
+            );
+        }
+    }
+    let (early, early_rows, made) =
+        machine_completions_in_order(known.clone(), rows_made.clone(), &completions, before_ms);
+    let (late, late_rows, _) = machine_completions_in_order(known, rows_made, &completions, after_ms);
+    let span_ms = after_ms - before_ms;
+    for (index, (_, outcome)) in results.into_iter().enumerate() {
+        let actual = Reported::Row(outcome.expect("completion"));
+        agrees_within(
+            &actual,
+            &early[index],
+            &late[index],
+            span_ms,
+            &format!("{what}: completion {index}"),
+        );
+    }
+    for (index, key) in keys.iter().enumerate() {
+        let row = store.inspect(&caller, key).await.expect("inspect");
+        agrees_within(
+            &row,
+            &early_rows[index],
+            &late_rows[index],
+            span_ms,
+            &format!("{what}: row {index}"),
+        );
+        let effect = effect_row_by_name(client, key.as_str()).await;
+        assert_eq!(effect, made[index], "{what}: effect row of key {index}");
+    }
+}
+
+#[test]
+fn completion_batches_agree_with_the_state_machine_completion_by_completion() {
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let (store, _unbatched, client, _database) = runtime.block_on(batched_and_unbatched_stores());
+    let mut runner = TestRunner::new(Config {
+        cases: BATCH_CASES,
+        ..Config::default()
+    });
+    let initials = proptest::collection::vec(initial(), BATCH_KEYS);
+    let rows_there = proptest::collection::vec(any::<bool>(), BATCH_KEYS);
+    runner
+        .run(
+            &(initials, rows_there, batch_completions()),
+            |(initial, rows_there, completions)| {
+                runtime.block_on(run_completion_batch_case(
+                    &store,
+                    &client,
+                    initial,
+                    rows_there,
+                    completions,
+                ));
+                Ok(())
+            },
+        )
+        .expect("every completion batch agrees with the machine completion by completion");
+}
+
+/// One batch of completions in every situation: each commits or is left
+/// undecided by its own record's token and its own row, and what is left
+/// undecided wrote nothing.
+#[tokio::test]
+async fn a_completion_batch_fences_each_row_by_its_own_token() {
+    let (store, _unbatched, client, _database) = batched_and_unbatched_stores().await;
+    let caller = CallerId::new("fenced").expect("valid caller");
+    let started = |holder: LeaseToken, lease_live: bool| Initial::Started {
+        holder,
+        lease_live,
+        point: false,
+        expired: false,
+        same_body: true,
+    };
+    let initial = [
+        started(HOLDER, true),
+        // A lease lost to another attempt.
+        started(OTHER, true),
+        // Expired, but nobody took it over: the holder still completes.
+        started(HOLDER, false),
+        Initial::Completed {
+            by: HOLDER,
+            expired: false,
+            same_body: true,
+        },
+        // Its effect row is already there.
+        started(HOLDER, true),
+        Initial::Nothing,
+    ];
+    let keys: Vec<IdempotencyKey> = (0..initial.len()).map(|_| new_key("fenced")).collect();
+    let known = set_up_keys(&client, &caller, &keys, &initial).await;
+    insert_effect_row(&client, &keys[4], "another key").await;
+    let batch = keys
+        .iter()
+        .map(|key| BatchCompletion {
+            lease: lease_of(&caller, key, HOLDER),
+            response: saved("batched"),
+            row: owned_effect_row(key.as_str(), "batched"),
+        })
+        .collect();
+    let results = complete_with_rows_in_one_batch(&store, batch).await;
+    let outcomes: Vec<(&str, RowCompletion)> = results
+        .into_iter()
+        .map(|(kind, outcome)| (kind, outcome.expect("completion")))
+        .collect();
+    use RowCompletion::{Committed, Undecided};
+    assert_eq!(
+        outcomes,
+        [
+            ("committed", Committed),
+            ("undecided", Undecided),
+            ("committed", Committed),
+            ("undecided", Undecided),
+            ("undecided", Undecided),
+            ("undecided", Undecided),
+        ]
+    );
+    for index in [1, 3, 5] {
+        let row = store.inspect(&caller, &keys[index]).await.expect("inspect");
+        assert_eq!(
+            row,
+            known[index].row(),
+            "key {index}: an undecided completion writes nothing"
+        );
+        assert_eq!(
+            effect_row_by_name(&client, keys[index].as_str()).await,
+            None,
+            "key {index}"
+        );
+    }
+    assert_eq!(
+        effect_row_by_name(&client, keys[4].as_str()).await.as_deref(),
+        Some("another key")
+    );
+}
+
+/// Two keys of one batch whose effect rows collide: one commits its row and
+/// its record, the other is left undecided and writes nothing, as when the
+/// two come one after the other.
+#[tokio::test]
+async fn two_completions_of_one_batch_whose_rows_collide_commit_once() {
+    let (store, _unbatched, client, _database) = batched_and_unbatched_stores().await;
+    let caller = CallerId::new("collide").expect("valid caller");
+    let keys = [new_key("collide"), new_key("collide")];
+    let held = Initial::Started {
+        holder: HOLDER,
+        lease_live: true,
+        point: false,
+        expired: false,
+        same_body: true,
+    };
+    set_up_keys(&client, &caller, &keys, &[held.clone(), held]).await;
+    let shared_row = format!("shared-{:032x}", rand::random::<u128>());
+    let batch = keys
+        .iter()
+        .enumerate()
+        .map(|(index, key)| BatchCompletion {
+            lease: lease_of(&caller, key, HOLDER),
+            response: saved("collide"),
+            row: owned_effect_row(&shared_row, &format!("key {index}")),
+        })
+        .collect();
+    let results = complete_with_rows_in_one_batch(&store, batch).await;
+    let committed: Vec<usize> = results
+        .iter()
+        .enumerate()
+        .filter(|(_, (_, outcome))| outcome.as_ref().ok() == Some(&RowCompletion::Committed))
+        .map(|(index, _)| index)
+        .collect();
+    assert_eq!(committed.len(), 1, "{results:?}");
+    let winner = committed[0];
+    assert_eq!(
+        effect_row_by_name(&client, &shared_row).await,
+        Some(format!("key {winner}"))
+    );
+    let loser = 1 - winner;
+    let record = store
+        .inspect(&caller, &keys[loser])
+        .await
+        .expect("inspect")
+        .expect("record");
+    assert!(
+        matches!(record.state, RecordState::Started { .. }),
+        "the other stays started"
+    );
+}
+
+/// Completions at once through `complete_with_row_in_batch`, batched as
+/// they happen to arrive: every held lease commits its record and its row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_completions_each_commit_their_record_and_row() {
+    const COMPLETIONS: usize = 32;
+    let (store, _unbatched, client, _database) = batched_and_unbatched_stores().await;
+    let caller = CallerId::new("concurrent").expect("valid caller");
+    let mut leases = Vec::new();
+    for _ in 0..COMPLETIONS {
+        let request = claim_of(&caller, &new_key("concurrent"), HOLDER, true);
+        match store.claim(&request).await.expect("claim") {
+            ClaimOutcome::Acquired(acquired) => leases.push(acquired.lease),
+            other => panic!("a new key is acquired, not {other:?}"),
+        }
+    }
+    let tasks: Vec<_> = leases
+        .iter()
+        .cloned()
+        .map(|lease| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                let row = owned_effect_row(lease.key.as_str(), "concurrent");
+                store
+                    .complete_with_row_in_batch(&lease, &saved("concurrent"), row)
+                    .await
+            })
+        })
+        .collect();
+    for task in tasks {
+        assert_eq!(task.await.expect("task").expect("completion"), RowCompletion::Committed);
+    }
+    for lease in &leases {
+        let record = store
+            .inspect(&caller, &lease.key)
+            .await
+            .expect("inspect")
+            .expect("record");
+        assert!(matches!(record.state, RecordState::Completed { .. }));
+        assert_eq!(
+            effect_row_by_name(&client, lease.key.as_str()).await.as_deref(),
+            Some("concurrent")
+        );
+    }
+}
+
+/// The machine's plain completions one after the other at `now_ms`: what
+/// each answers and each key's row at the end.
+fn machine_plain_completions_in_order(
+    mut keys: Vec<Known>,
+    completions: &[BatchCompletionCase],
+    now_ms: u64,
+) -> (Vec<Reported>, Vec<Option<Record>>) {
+    let policy = policy();
+    let mut reported = Vec::new();
+    for (index, completion) in completions.iter().enumerate() {
+        let found = keys[completion.key].found();
+        let step = machine::complete(
+            found,
+            completion.token,
+            saved(&format!("item {index}")),
+            now_ms,
+            &policy,
+        );
+        match step.write {
+            Write::Nothing => {}
+            Write::Put(record) => keys[completion.key] = Known::Record(record),
+            Write::Delete => keys[completion.key] = Known::Nothing,
+        }
+        reported.push(Reported::Fenced(step.outcome));
+    }
+    (reported, keys.iter().map(Known::row).collect())
+}
+
+async fn run_plain_completion_batch_case(
+    store: &PostgresStore,
+    client: &Client,
+    initial: Vec<Initial>,
+    completions: Vec<BatchCompletionCase>,
+) {
+    let caller = CallerId::new("differential").expect("valid caller");
+    let keys: Vec<IdempotencyKey> = (0..BATCH_KEYS).map(|_| new_key("plain")).collect();
+    let known = set_up_keys(client, &caller, &keys, &initial).await;
+    let batch = completions
+        .iter()
+        .enumerate()
+        .map(|(index, completion)| {
+            let lease = lease_of(&caller, &keys[completion.key], completion.token);
+            (lease, saved(&format!("item {index}")))
+        })
+        .collect();
+    let before_ms = database_now_ms(client).await;
+    let results = complete_in_one_batch(store, batch).await;
+    let after_ms = database_now_ms(client).await;
+    let what = format!("{initial:?}, then the plain batch {completions:?}");
+    for (index, (kind, _)) in results.iter().enumerate() {
+        if completions[..index]
+            .iter()
+            .any(|earlier| earlier.key == completions[index].key)
+        {
+            assert_eq!(
+                *kind, "alone",
+                "{what}: completion {index} repeats a key, so goes alone"
+            );
+        }
+    }
+    let (early, early_rows) = machine_plain_completions_in_order(known.clone(), &completions, before_ms);
+    let (late, late_rows) = machine_plain_completions_in_order(known, &completions, after_ms);
+    let span_ms = after_ms - before_ms;
+    for (index, (_, outcome)) in results.into_iter().enumerate() {
+        let actual = Reported::Fenced(outcome.expect("completion"));
+        agrees_within(
+            &actual,
+            &early[index],
+            &late[index],
+            span_ms,
+            &format!("{what}: completion {index}"),
+        );
+    }
+    for (index, key) in keys.iter().enumerate() {
+        let row = store.inspect(&caller, key).await.expect("inspect");
+        agrees_within(
+            &row,
+            &early_rows[index],
+            &late_rows[index],
+            span_ms,
+            &format!("{what}: row {index}"),
+        );
+    }
+}
+
+#[test]
+fn plain_completion_batches_agree_with_the_state_machine_completion_by_completion() {
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let (store, _unbatched, client, _database) = runtime.block_on(batched_and_unbatched_stores());
+    let mut runner = TestRunner::new(Config {
+        cases: BATCH_CASES,
+        ..Config::default()
+    });
+    let initials = proptest::collection::vec(initial(), BATCH_KEYS);
+    runner
+        .run(&(initials, batch_completions()), |(initial, completions)| {
+            runtime.block_on(run_plain_completion_batch_case(&store, &client, initial, completions));
+            Ok(())
+        })
+        .expect("every plain completion batch agrees with the machine completion by completion");
+}
+
+/// One completion whose row the database refuses (a null where the table
+/// wants a value) rolls its batch's transaction back; every completion then
+/// goes alone, and only the refused one is left undecided.
+#[tokio::test]
+async fn a_refused_row_fails_its_own_completion_and_no_other() {
+    let (store, _unbatched, client, _database) = batched_and_unbatched_stores().await;
+    let caller = CallerId::new("refused").expect("valid caller");
+    let held = Initial::Started {
+        holder: HOLDER,
+        lease_live: true,
+        point: false,
+        expired: false,
+        same_body: true,
+    };
+    let keys: Vec<IdempotencyKey> = (0..3).map(|_| new_key("refused")).collect();
+    set_up_keys(&client, &caller, &keys, &[held.clone(), held.clone(), held]).await;
+    let batch = keys
+        .iter()
+        .enumerate()
+        .map(|(index, key)| {
+            let made_by: Option<String> = (index != 1).then(|| "batched".to_owned());
+            BatchCompletion {
+                lease: lease_of(&caller, key, HOLDER),
+                response: saved("refused"),
+                row: OwnedRowEffect {
+                    into: "differential_effect_rows (key_name, made_by)",
+                    values: "$9::text, $10::text",
+                    params: vec![Box::new(key.as_str().to_owned()), Box::new(made_by)],
+                },
+            }
+        })
+        .collect();
+    let results = complete_with_rows_in_one_batch(&store, batch).await;
+    let outcomes: Vec<(&str, RowCompletion)> = results
+        .into_iter()
+        .map(|(kind, outcome)| (kind, outcome.expect("completion")))
+        .collect();
+    use RowCompletion::{Committed, Undecided};
+    assert_eq!(
+        outcomes,
+        [("alone", Committed), ("alone", Undecided), ("alone", Committed)]
+    );
+    assert_eq!(effect_row_by_name(&client, keys[1].as_str()).await, None);
+    let record = store
+        .inspect(&caller, &keys[1])
+        .await
+        .expect("inspect")
+        .expect("record");
+    assert!(
+        matches!(record.state, RecordState::Started { .. }),
+        "the refused one stays started"
+    );
 }

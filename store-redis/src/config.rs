@@ -33,12 +33,20 @@ pub const KEY_PREFIX_BYTES_MAX: usize = 64;
 pub const KEY_PREFIX_DEFAULT: &str = "idem:";
 /// Most server addresses one configuration may list.
 pub const URLS_COUNT_MAX: usize = 64;
+/// Claim scripts in one pipeline at most, by default (`batch.rs`, on a
+/// standalone server). Batches grow only while claims arrive faster than
+/// one pipeline's round trip, so the bound matters under load alone.
+pub const BATCH_ITEMS_MAX_DEFAULT: usize = 64;
+/// Largest batch size accepted (store-core's bound on any batch).
+pub const BATCH_ITEMS_MAX: usize = store_core::batch::BATCH_ITEMS_MAX;
 
 /// Why a configuration was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ConfigError {
     #[error("no Redis URL is configured")]
     NoUrls,
+    #[error("batch_items_max {0} is outside 1..={BATCH_ITEMS_MAX}")]
+    BatchItems(usize),
     #[error("{count} Redis URLs are configured; at most {URLS_COUNT_MAX}")]
     TooManyUrls { count: usize },
     #[error("a standalone Redis takes exactly one URL, {count} are configured; set cluster for Redis Cluster")]
@@ -134,6 +142,11 @@ pub struct RedisConfig {
     /// Run on a server whose `maxmemory-policy` may evict keys. Evicted
     /// records are forgotten keys and so duplicate effects: off by default.
     pub accept_eviction: bool,
+    /// Claim scripts sent together in one pipeline at most, on a
+    /// standalone server: the claims that arrive while a pipeline is in
+    /// flight go in the next one. 1 turns batching off. Redis Cluster never
+    /// batches (a pipeline must stay in one slot).
+    pub batch_items_max: usize,
 }
 
 /// No URL (the server's config refuses `store.kind = "redis"` without
@@ -160,6 +173,7 @@ impl std::fmt::Debug for RedisConfig {
             .field("connection_timeout_ms", &self.connection_timeout_ms)
             .field("wait", &self.wait)
             .field("accept_eviction", &self.accept_eviction)
+            .field("batch_items_max", &self.batch_items_max)
             .finish()
     }
 }
@@ -176,6 +190,7 @@ impl RedisConfig {
             connection_timeout_ms: CONNECTION_TIMEOUT_MS_DEFAULT,
             wait: None,
             accept_eviction: false,
+            batch_items_max: BATCH_ITEMS_MAX_DEFAULT,
         }
     }
 
@@ -200,6 +215,9 @@ impl RedisConfig {
         }
         if !(1..=CONNECTION_TIMEOUT_MS_MAX).contains(&self.connection_timeout_ms) {
             return Err(ConfigError::ConnectionTimeout);
+        }
+        if !(1..=BATCH_ITEMS_MAX).contains(&self.batch_items_max) {
+            return Err(ConfigError::BatchItems(self.batch_items_max));
         }
         if let Some(wait) = self.wait {
             self.validate_wait(wait)?;
@@ -302,6 +320,27 @@ mod tests {
             ..RedisConfig::standalone("redis://127.0.0.1:1")
         };
         assert_eq!(empty.validate(), Ok(()));
+    }
+
+    #[test]
+    fn batch_sizes_outside_their_bounds_are_refused() {
+        for (batch_items_max, valid) in [
+            (0, false),
+            (1, true),
+            (BATCH_ITEMS_MAX, true),
+            (BATCH_ITEMS_MAX + 1, false),
+        ] {
+            let config = RedisConfig {
+                batch_items_max,
+                ..RedisConfig::standalone("redis://127.0.0.1:1")
+            };
+            let expected = if valid {
+                Ok(())
+            } else {
+                Err(ConfigError::BatchItems(batch_items_max))
+            };
+            assert_eq!(config.validate(), expected, "{batch_items_max}");
+        }
     }
 
     #[test]

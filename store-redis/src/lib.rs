@@ -15,6 +15,7 @@
 //! records: LIMITS.md beside this crate lists every way, what the store does
 //! about each, and the test that shows it.
 
+mod batch;
 pub mod checks;
 pub mod config;
 mod connection;
@@ -30,8 +31,11 @@ mod tls;
 #[cfg(feature = "testkit")]
 pub mod testkit;
 
+pub use batch::{CLAIM_BATCH_QUEUED_ITEMS_MAX, CLAIM_BATCHES_IN_FLIGHT_MAX};
 pub use checks::{NodeFacts, ServerRefusal, ServerReport, ServerWarning};
-pub use config::{ConfigError, RedisConfig, RedisTls, TLS_SCHEME, WaitConfig};
+pub use config::{
+    BATCH_ITEMS_MAX, BATCH_ITEMS_MAX_DEFAULT, ConfigError, RedisConfig, RedisTls, TLS_SCHEME, WaitConfig,
+};
 pub use connection::{CLUSTER_RETRIES_MAX, RECONNECT_DELAY_MS_MAX, RECONNECT_DELAY_MS_MIN, RECONNECT_RETRIES_MAX};
 pub use errors::CORRUPT_RECORD_CODE;
 pub use keys::RecordKeys;

@@ -1,5 +1,9 @@
 //! [`RedisStore`]: store-core's [`IdempotencyStore`] on Redis.
 
+use crate::batch::{
+    BatchedScript, CLAIM_BATCH_QUEUED_ITEMS_MAX, CLAIM_BATCHES_IN_FLIGHT_MAX, ClaimBatchRunner, ClaimBatcher,
+    ScriptItem,
+};
 use crate::checks::{ServerReport, check_server};
 use crate::config::{RedisConfig, WaitConfig};
 use crate::connection::Connection;
@@ -15,9 +19,9 @@ use redis::{Script, Value};
 use std::collections::HashMap;
 use std::sync::Arc;
 use store_core::{
-    CallerId, ChangeHub, ClaimOutcome, ClaimRequest, Fenced, ForgetOutcome, HeldLease, IdempotencyKey,
-    IdempotencyStore, KeyDigest, Policy, PurgeReport, Record, RecordId, RecoveryPoint, SavedResponse, StoreError,
-    encode_response,
+    BatchError, BatchLimits, Batcher, CallerId, ChangeHub, ClaimOutcome, ClaimRequest, Fenced, ForgetOutcome,
+    HeldLease, IdempotencyKey, IdempotencyStore, KeyDigest, Policy, PurgeReport, Record, RecordId, RecoveryPoint,
+    SavedResponse, StoreError, encode_response,
 };
 
 /// Reads of a record that forget makes at most, when each time the record
@@ -63,6 +67,9 @@ pub struct RedisStore {
     changes: ChangeHub,
     /// How the scripts publish a change: sharded on Cluster.
     publish_mode: &'static str,
+    /// Claims pipelined across calls (`batch.rs`): on a standalone server
+    /// with `batch_items_max` above 1.
+    claims: Option<ClaimBatcher>,
 }
 
 impl RedisStore {
@@ -84,10 +91,12 @@ impl RedisStore {
                 })?;
         let report = check_server(&mut connection, config.accept_eviction).await?;
         let publish_mode = publish_mode(config.cluster);
+        let scripts = Scripts::new();
+        let claims = claim_batcher(&config, &connection, &scripts)?;
         let changes = ChangeHub::with_source(Arc::new(ChangeSubscriber::new(config.clone(), certificates)));
         Ok(Self {
             connection,
-            scripts: Scripts::new(),
+            scripts,
             policy,
             key_prefix: config.key_prefix,
             wait: config.wait,
@@ -95,6 +104,7 @@ impl RedisStore {
             report,
             changes,
             publish_mode,
+            claims,
         })
     }
 
@@ -130,6 +140,102 @@ impl RedisStore {
             .invoke_async(&mut connection)
             .await
             .map_err(|error| store_error(name, error))
+    }
+
+    /// The claim script's arguments.
+    pub(crate) fn claim_args(&self, request: &ClaimRequest) -> Vec<Vec<u8>> {
+        let args = [
+            fingerprint_hex(&request.fingerprint),
+            token_hex(request.token),
+            self.policy.lease_ms().to_string(),
+            self.policy.retention_ms().to_string(),
+            self.policy.tombstone_ms().to_string(),
+        ];
+        args.into_iter().map(String::into_bytes).collect()
+    }
+
+    /// The claim's outcome from its script's reply, once enough replicas
+    /// have an acquired claim's record (with `WAIT` configured).
+    pub(crate) async fn claim_from_reply(
+        &self,
+        request: &ClaimRequest,
+        keys: &RecordKeys,
+        reply: Value,
+    ) -> Result<ClaimOutcome, StoreError> {
+        let outcome = claim_outcome(reply, request)?;
+        if matches!(outcome, ClaimOutcome::Acquired(_)) {
+            self.wait_for_replicas("claim", keys).await?;
+        }
+        Ok(outcome)
+    }
+
+    /// Runs `requests` as one claim pipeline, as if they had all arrived
+    /// while the previous one was in flight, then finishes each in order as
+    /// `claim` does. For the tests (`testkit::claim_in_one_pipeline`).
+    #[cfg(feature = "testkit")]
+    pub(crate) async fn claim_in_one_pipeline(
+        &self,
+        requests: &[ClaimRequest],
+    ) -> Vec<(&'static str, Result<ClaimOutcome, StoreError>)> {
+        use store_core::BatchRunner;
+        let runner = ClaimBatchRunner {
+            connection: self.connection.clone(),
+            script: self.scripts.claim.clone(),
+        };
+        let items = requests
+            .iter()
+            .map(|request| ScriptItem {
+                keys: self.keys(&request.caller, &request.key),
+                args: self.claim_args(request),
+            })
+            .collect();
+        let batched = runner.run(items).await;
+        assert_eq!(batched.len(), requests.len(), "one reply per claim");
+        let mut outcomes = Vec::new();
+        for (request, batched) in requests.iter().zip(batched) {
+            let keys = self.keys(&request.caller, &request.key);
+            let kind = batched.kind();
+            let reply = match batched {
+                BatchedScript::Reply(reply) => Ok(reply),
+                BatchedScript::Unavailable(detail) => Err(StoreError::Unavailable { detail, source: None }),
+                BatchedScript::Alone => self.claim_reply_alone(&keys, self.claim_args(request)).await,
+            };
+            let outcome = match reply {
+                Ok(reply) => self.claim_from_reply(request, &keys, reply).await,
+                Err(error) => Err(error),
+            };
+            outcomes.push((kind, outcome));
+        }
+        outcomes
+    }
+
+    async fn claim_reply_alone(&self, keys: &RecordKeys, args: Vec<Vec<u8>>) -> Result<Value, StoreError> {
+        let args: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
+        self.run("claim", &self.scripts.claim, keys, &args).await
+    }
+
+    /// The claim script's reply: from a pipeline with the claims that
+    /// arrive while the previous one is in flight, or on its own when the
+    /// pipeline gave none (or without batching).
+    pub(crate) async fn claim_reply(&self, keys: &RecordKeys, args: Vec<Vec<u8>>) -> Result<Value, StoreError> {
+        if let Some(claims) = &self.claims {
+            let item = ScriptItem {
+                keys: keys.clone(),
+                args: args.clone(),
+            };
+            match claims.submit(item).await {
+                Ok(BatchedScript::Reply(reply)) => return Ok(reply),
+                Ok(BatchedScript::Unavailable(detail)) => return Err(StoreError::Unavailable { detail, source: None }),
+                Ok(BatchedScript::Alone) | Err(BatchError::Lost) => {}
+                Err(refused @ BatchError::QueueFull { .. }) => {
+                    return Err(StoreError::unavailable(
+                        "redis claims are queued past their bound",
+                        refused,
+                    ));
+                }
+            }
+        }
+        self.claim_reply_alone(keys, args).await
     }
 
     /// With `WAIT` configured, waits until enough replicas have the write.
@@ -229,28 +335,40 @@ impl RedisStore {
     }
 }
 
+/// The claim batcher of a standalone server with batching on.
+fn claim_batcher(
+    config: &RedisConfig,
+    connection: &Connection,
+    scripts: &Scripts,
+) -> Result<Option<ClaimBatcher>, StoreError> {
+    if config.cluster || config.batch_items_max == 1 {
+        return Ok(None);
+    }
+    let limits = BatchLimits::new(
+        config.batch_items_max,
+        CLAIM_BATCH_QUEUED_ITEMS_MAX,
+        CLAIM_BATCHES_IN_FLIGHT_MAX,
+    )
+    .map_err(|error| StoreError::refused("redis configuration: batch_items_max", error))?;
+    let runner = ClaimBatchRunner {
+        connection: connection.clone(),
+        script: scripts.claim.clone(),
+    };
+    Ok(Some(Batcher::new(runner, limits)))
+}
+
 #[async_trait]
 impl IdempotencyStore for RedisStore {
     fn backend_name(&self) -> &'static str {
         "redis"
     }
 
+    /// Pipelined with the claims that arrive while the previous pipeline
+    /// is in flight, on a standalone server (`batch.rs`).
     async fn claim(&self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
         let keys = self.keys(&request.caller, &request.key);
-        let args = [
-            fingerprint_hex(&request.fingerprint),
-            token_hex(request.token),
-            self.policy.lease_ms().to_string(),
-            self.policy.retention_ms().to_string(),
-            self.policy.tombstone_ms().to_string(),
-        ];
-        let args: Vec<&[u8]> = args.iter().map(|arg| arg.as_bytes()).collect();
-        let reply = self.run("claim", &self.scripts.claim, &keys, &args).await?;
-        let outcome = claim_outcome(reply, request)?;
-        if matches!(outcome, ClaimOutcome::Acquired(_)) {
-            self.wait_for_replicas("claim", &keys).await?;
-        }
-        Ok(outcome)
+        let reply = self.claim_reply(&keys, self.claim_args(request)).await?;
+        self.claim_from_reply(request, &keys, reply).await
     }
 
     async fn checkpoint(&self, lease: &HeldLease, point: RecoveryPoint) -> Result<Fenced, StoreError> {

@@ -13,7 +13,9 @@ use store_core::{
 };
 use store_postgres::deadpool_postgres::GenericClient;
 use store_postgres::tokio_postgres::{self, Row};
-use store_postgres::{EffectError, Migration, PostgresStore, ROW_EFFECT_FIRST_PARAMETER, RowCompletion, RowEffect};
+use store_postgres::{
+    EffectError, Migration, OwnedRowEffect, PostgresStore, ROW_EFFECT_FIRST_PARAMETER, RowCompletion,
+};
 
 /// The server's migrations, applied with the store's at startup.
 pub const LABELS_MIGRATION: Migration = Migration {
@@ -121,6 +123,26 @@ impl<'a> LabelValues<'a> {
     }
 }
 
+impl LabelValues<'_> {
+    /// [`LabelValues::params`], owned, for a completion that waits in a batch.
+    fn owned_params(&self) -> Vec<Box<dyn tokio_postgres::types::ToSql + Send + Sync>> {
+        let label = &self.stored.label;
+        vec![
+            Box::new(label.label_id.clone()),
+            Box::new(self.stored.caller.clone()),
+            Box::new(self.order_id.clone()),
+            Box::new(self.parcel_no),
+            Box::new(self.label_version),
+            Box::new(self.service),
+            Box::new(self.weight_g),
+            Box::new(label.tracking_no.clone()),
+            Box::new(self.cost_cents),
+            Box::new(label.created_at.clone()),
+            Box::new(self.stored.created_by_key_sha256.clone()),
+        ]
+    }
+}
+
 fn select_by_parcel() -> String {
     format!(
         "SELECT {LABEL_COLUMNS} FROM labels WHERE caller_id = $1 AND order_id = $2::text::numeric \
@@ -157,16 +179,19 @@ impl PostgresLabels {
             // The transaction's effect reports the same refusal as its own.
             return Ok(None);
         };
-        let params = values.params();
-        let row = RowEffect {
+        // Batched with the other labels being committed (one transaction
+        // and one commit per batch, each fenced by its own lease).
+        let row = OwnedRowEffect {
             into: LABEL_ROW,
-            values: &LABEL_ROW_VALUES,
-            params: &params,
+            values: LABEL_ROW_VALUES.as_str(),
+            params: values.owned_params(),
         };
-        Ok(match self.store.complete_with_row(lease, &response, row).await? {
-            RowCompletion::Committed => Some(response),
-            RowCompletion::Undecided => None,
-        })
+        Ok(
+            match self.store.complete_with_row_in_batch(lease, &response, row).await? {
+                RowCompletion::Committed => Some(response),
+                RowCompletion::Undecided => None,
+            },
+        )
     }
 
     async fn commit_in_a_transaction(

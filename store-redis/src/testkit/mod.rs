@@ -26,6 +26,19 @@ pub use shared::{
 };
 
 use std::io;
+use store_core::{ClaimOutcome, ClaimRequest, StoreError};
+
+/// Runs `requests` as one claim pipeline on a standalone server, as if they
+/// had all arrived while the previous pipeline was in flight, then finishes
+/// each in order as `claim` does. Returns, for each claim, what the
+/// pipeline did with it (`"reply"`: answered it, `"alone"`: sent it alone
+/// after, `"unavailable"`: failed it) and its outcome.
+pub async fn claim_in_one_pipeline(
+    store: &crate::RedisStore,
+    requests: &[ClaimRequest],
+) -> Vec<(&'static str, Result<ClaimOutcome, StoreError>)> {
+    store.claim_in_one_pipeline(requests).await
+}
 
 /// Why a test server could not be started.
 #[derive(Debug, thiserror::Error)]
