@@ -14,7 +14,7 @@ use server::config::{StoreConfig, StoreKind};
 use std::sync::Arc;
 use store_core::{AtomicCompletion, ClaimOutcome, CompleteWithError, Completion, IdempotencyStore, Policy};
 use store_postgres::testkit::{PostgresServer, ServerDurability};
-use store_postgres::{Migration, PostgresConfig, PostgresStore, RowCompletion, RowEffect};
+use store_postgres::{Migration, OwnedRowEffect, PostgresConfig, PostgresStore, RowCompletion};
 
 /// The intents' effect: one label row, with the completion.
 const BENCH_LABEL_INSERT: &str = "INSERT INTO bench_labels (order_id, parcel_no, label_id) VALUES ($1, $2, $3)";
@@ -138,14 +138,15 @@ async fn run_intent(store: &PostgresStore, inputs: &IntentInputs, index: u64) ->
     let order_id = i64::try_from(intent.order_id).unwrap_or(i64::MAX);
     let parcel_no = i32::try_from(intent.parcel_no).unwrap_or(i32::MAX);
     let label_id = intent.label_id();
-    // As the Label service commits a new label: in one statement, falling
-    // back to the transaction when the lease or the row says otherwise.
-    let row = RowEffect {
+    // As the Label service commits a new label: batched with the other
+    // completions in flight (one commit per batch), falling back to the
+    // transaction when the lease or the row says otherwise.
+    let row = OwnedRowEffect {
         into: BENCH_LABEL_ROW,
         values: BENCH_LABEL_VALUES,
-        params: &[&order_id, &parcel_no, &label_id],
+        params: vec![Box::new(order_id), Box::new(parcel_no), Box::new(label_id.clone())],
     };
-    match store.complete_with_row(&lease, response, row).await {
+    match store.complete_with_row_in_batch(&lease, response, row).await {
         Ok(RowCompletion::Committed) => return Outcome::success("first_run"),
         Ok(RowCompletion::Undecided) => {}
         Err(error) => return store_error(&error),
