@@ -203,7 +203,7 @@ impl App {
             store_kind: config.store.kind.name(),
             embedded: backends.embedded.as_ref().map(|store| store.engine().clone()),
             shutting_down: CancellationToken::new(),
-            policy: config.policy()?,
+            policy: config.policy,
         };
         let limits = Limits::new(
             config.server.in_flight_max,

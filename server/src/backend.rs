@@ -122,10 +122,7 @@ impl Backends {
 /// `store.labels` names, running the label migrations where labels live in
 /// PostgreSQL.
 pub async fn open(config: &Config, options: &OpenOptions) -> Result<Backends, BackendError> {
-    let policy = match options.policy {
-        Some(policy) => policy,
-        None => policy_of(config)?,
-    };
+    let policy = options.policy.unwrap_or(config.policy);
     let store_config = &config.store;
     let store = open_store(store_config, policy, &options.clock).await?;
     let records: Arc<dyn IdempotencyStore> = Arc::new(InstrumentedStore::new(store.records()));
@@ -164,13 +161,6 @@ pub async fn open(config: &Config, options: &OpenOptions) -> Result<Backends, Ba
     })
 }
 
-fn policy_of(config: &Config) -> Result<Policy, BackendError> {
-    config.policy().map_err(|error| BackendError::Refused {
-        kind: config.store.kind.name(),
-        detail: error.to_string(),
-    })
-}
-
 /// Opens only the record store of `config.store.kind`, for the operator's
 /// commands (`server forget-unreadable-record`): no label store, and no
 /// migrations, which are the serving process's to run. On the embedded
@@ -180,7 +170,7 @@ fn policy_of(config: &Config) -> Result<Policy, BackendError> {
 /// opened, so it works beside a running server.
 pub async fn open_records(config: &Config) -> Result<Arc<dyn IdempotencyStore>, BackendError> {
     // An operator's command: the system's clock, as a server's.
-    let store = open_store(&config.store, policy_of(config)?, &SystemClock::shared()).await?;
+    let store = open_store(&config.store, config.policy, &SystemClock::shared()).await?;
     Ok(store.records())
 }
 

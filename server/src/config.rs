@@ -138,7 +138,8 @@ pub struct Config {
     pub server: ServerConfig,
     /// Who may call the API. The default is the one development caller.
     pub callers: Vec<CallerConfig>,
-    pub policy: PolicyConfig,
+    /// `[policy]`: store-core's own type, checked as it is read.
+    pub policy: Policy,
     pub store: StoreConfig,
     pub carrier: CarrierConfig,
     pub sweeper: SweeperConfig,
@@ -252,14 +253,6 @@ pub struct CallerConfig {
     /// client has the new token.
     #[serde(default)]
     pub retiring_token_sha256: Vec<String>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct PolicyConfig {
-    pub lease_ms: u64,
-    pub retention_ms: u64,
-    pub tombstone_ms: u64,
 }
 
 /// Where records live (`store.kind`): the one list of backends the
@@ -477,7 +470,7 @@ impl Default for Config {
         Self {
             server: ServerConfig::default(),
             callers: vec![CallerConfig::demo()],
-            policy: PolicyConfig::default(),
+            policy: Policy::default(),
             store: StoreConfig::default(),
             carrier: CarrierConfig::default(),
             sweeper: SweeperConfig::default(),
@@ -539,17 +532,6 @@ impl CallerConfig {
 /// Hex SHA-256 of a bearer token, as the config stores it.
 pub fn token_sha256(token: &str) -> String {
     hex::encode(Sha256::digest(token.as_bytes()))
-}
-
-impl Default for PolicyConfig {
-    fn default() -> Self {
-        let policy = Policy::default();
-        Self {
-            lease_ms: policy.lease_ms(),
-            retention_ms: policy.retention_ms(),
-            tombstone_ms: policy.tombstone_ms(),
-        }
-    }
 }
 
 impl StoreConfig {
@@ -658,16 +640,6 @@ impl Config {
         Self::load(path, std::env::vars())
     }
 
-    /// The store policy, already checked by [`Config::validate`].
-    pub fn policy(&self) -> Result<Policy, ConfigError> {
-        let PolicyConfig {
-            lease_ms,
-            retention_ms,
-            tombstone_ms,
-        } = self.policy;
-        Policy::new(lease_ms, retention_ms, tombstone_ms).map_err(|error| field_error("policy", error.to_string()))
-    }
-
     pub fn listen_addr(&self) -> Result<SocketAddr, ConfigError> {
         self.server.listen.parse().map_err(|error| {
             field_error(
@@ -692,8 +664,7 @@ impl Config {
         self.validate_server()?;
         self.validate_callers()?;
         self.validate_demo_caller_address()?;
-        let policy = self.policy()?;
-        self.validate_carrier(&policy)?;
+        self.validate_carrier(&self.policy)?;
         self.validate_simulator()?;
         self.validate_sweeper()?;
         self.validate_store()
@@ -1228,7 +1199,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(config.server.listen, "127.0.0.1:0");
-        assert_eq!(config.policy.lease_ms, 45_000);
+        assert_eq!(config.policy.lease_ms(), 45_000);
         assert_eq!(config.store.kind, StoreKind::Redis);
         assert_eq!(config.store.redis.urls, vec!["redis://127.0.0.1:7000".to_owned()]);
         assert_eq!(config.store.redis.key_prefix, "123");
