@@ -8,9 +8,10 @@
 
 use crate::admission::admit;
 use crate::auth::{Callers, require_caller};
+use crate::auth::{DEMO_CALLER_ID, DEMO_TOKEN};
 use crate::backend::{self, BackendError, Backends, OpenOptions};
 use crate::carrier::{CarrierClient, CarrierServer};
-use crate::config::{BODY_BYTES_MAX, Config, ConfigError, DEMO_CALLER_ID, DEMO_TOKEN};
+use crate::config::{BODY_BYTES_MAX, Config, ConfigError};
 use crate::connections::{ConnectionLimits, serve_connections};
 use crate::idempotency::{self, Idempotency, IdempotencyLayer};
 use crate::labels::LabelStore;

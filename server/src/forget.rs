@@ -14,8 +14,9 @@
 //! log lines print them (`caller`, `key_sha256`), or by the raw key, which
 //! is hashed here exactly as the stores hash it ([`IdempotencyKey::digest`]).
 
+use crate::backend::StoreKind;
 use crate::backend::{self, BackendError};
-use crate::config::{Config, StoreKind};
+use crate::config::Config;
 use store_core::{
     CallerId, ForgetOutcome, IDEMPOTENCY_KEY_BYTES_MAX, IdempotencyKey, InvalidInput, KeyDigest, StoreError,
 };

@@ -40,6 +40,8 @@ pub mod probes;
 /// One redaction of secrets for the server's messages and every backend's `Debug` form (store-core's).
 pub use store_core::redact;
 pub mod request_context;
+pub mod serving;
+pub mod setting;
 pub mod sweeper;
 pub mod time;
 pub mod tls;

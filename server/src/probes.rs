@@ -1,8 +1,8 @@
 //! Operations routes: liveness, readiness, metrics and the API document.
 
 use crate::app::AppState;
-use crate::config::RETRY_AFTER_S_DEFAULT;
 use crate::error::{ApiError, Outcome};
+use crate::setting::RETRY_AFTER_S_DEFAULT;
 use axum::Json;
 use axum::extract::State;
 use axum::http::{HeaderValue, header};

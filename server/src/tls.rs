@@ -8,8 +8,10 @@
 //! One crypto provider for the whole binary: aws-lc-rs (the workspace
 //! Cargo.toml says why); rustls picks it from its crate features.
 
-use crate::config::{CarrierConfig, ServerTlsConfig};
+use crate::carrier::CarrierConfig;
+use crate::setting::{ConfigError, check_range, field_error};
 use rustls::ServerConfig;
+use serde::Deserialize;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,6 +21,66 @@ use tokio_rustls::TlsAcceptor;
 /// The only application protocol the listener speaks (ALPN): the server
 /// serves HTTP/1.1 alone, so a client must not be offered h2.
 pub const ALPN_HTTP_1_1: &[u8] = b"http/1.1";
+
+/// Default time a client has to finish the TLS handshake on an HTTPS
+/// listener; past it the connection is closed (a slowloris handshake holds
+/// a connection slot no longer than a slowloris header would).
+pub const TLS_HANDSHAKE_TIMEOUT_MS_DEFAULT: u64 = 10_000;
+
+/// Longest TLS handshake timeout accepted.
+pub const TLS_HANDSHAKE_TIMEOUT_MS_MAX: u64 = 60_000;
+
+/// Inbound HTTPS (`[server.tls]`): PEM files, read at startup.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerTlsConfig {
+    /// The server's certificate chain, leaf first. Empty: plain HTTP.
+    pub cert_file: String,
+    /// The certificate's private key (PKCS#8, PKCS#1 or SEC1).
+    pub key_file: String,
+    /// Time a client has to finish the TLS handshake.
+    pub handshake_timeout_ms: u64,
+}
+
+impl ServerTlsConfig {
+    pub fn enabled(&self) -> bool {
+        !self.cert_file.is_empty() || !self.key_file.is_empty()
+    }
+
+    /// Both files or neither: half a TLS config must not fall back to plain HTTP.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let tls = self;
+        check_range(
+            "server.tls.handshake_timeout_ms",
+            tls.handshake_timeout_ms,
+            1,
+            TLS_HANDSHAKE_TIMEOUT_MS_MAX,
+        )?;
+        if tls.cert_file.is_empty() && !tls.key_file.is_empty() {
+            return Err(field_error(
+                "server.tls.cert_file",
+                "server.tls.key_file is set: set both or neither",
+            ));
+        }
+        if tls.key_file.is_empty() && !tls.cert_file.is_empty() {
+            return Err(field_error(
+                "server.tls.key_file",
+                "server.tls.cert_file is set: set both or neither",
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Default for ServerTlsConfig {
+    fn default() -> Self {
+        Self {
+            cert_file: String::new(),
+            key_file: String::new(),
+            handshake_timeout_ms: TLS_HANDSHAKE_TIMEOUT_MS_DEFAULT,
+        }
+    }
+}
 
 /// Why TLS material was refused; names the config field and the file.
 #[derive(Debug, thiserror::Error)]

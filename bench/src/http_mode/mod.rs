@@ -19,7 +19,7 @@ use cli::{FulfilmentArgs, HttpArgs, KeyMode, Profile};
 use client::{ClientError, ClientSettings, FulfilmentClient, PreferWaitReport, answered_409};
 use overload::{OverloadReport, run_overload};
 use serde::{Deserialize, Serialize};
-use server::config::StoreKind;
+use server::backend::StoreKind;
 use spawn::{SpawnError, SpawnSettings, SpawnedServer};
 use std::collections::BTreeMap;
 use std::sync::Arc;
