@@ -19,7 +19,7 @@
 //! Adding a backend: a [`StoreKind`] variant, an [`OpenedStore`] variant and
 //! its arm in [`open_store`] (plus where its labels live, in [`open`]).
 
-use crate::config::Config;
+use crate::admission::workers_for_postgres_pool;
 use crate::instrumented::InstrumentedStore;
 use crate::labels::{FdbLabels, LABELS_MIGRATION, LabelStore, PostgresLabels, SplitLabels};
 use crate::setting::{ConfigError, field_error};
@@ -147,7 +147,7 @@ impl LabelsKind {
 /// `[store]`: the kind, where labels go, and each backend's section,
 /// deserialised straight into the store crate's own config type (its
 /// `Deserialize` keeps this file's field names; the checks that name a
-/// field are [`Config::validate`]'s).
+/// field are [`StoreConfig::validate`]'s).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct StoreConfig {
@@ -163,6 +163,17 @@ pub struct StoreConfig {
 }
 
 impl StoreConfig {
+    /// The store's own default number of admission workers, where it has
+    /// one: half the pool in front of PostgreSQL
+    /// (`admission::workers_for_postgres_pool`); the other stores keep
+    /// `AdmissionConfig::workers`'s default.
+    pub fn admission_workers_default(&self) -> Option<usize> {
+        match self.kind {
+            StoreKind::Postgres => Some(workers_for_postgres_pool(self.postgres.pool_size)),
+            StoreKind::Embedded | StoreKind::Redis | StoreKind::Foundationdb | StoreKind::Memory => None,
+        }
+    }
+
     /// Where labels live: as configured, else with the records, or for
     /// records that cannot hold an effect (Redis, memory) in the embedded
     /// store.
@@ -401,12 +412,16 @@ impl Backends {
     }
 }
 
-/// Opens the record store of `config.store.kind` and the label store
+/// Opens the record store of `store_config.kind` and the label store
 /// `store.labels` names, running the label migrations where labels live in
 /// PostgreSQL.
-pub async fn open(config: &Config, options: &OpenOptions) -> Result<Backends, BackendError> {
-    let policy = options.policy.unwrap_or(config.policy);
-    let store_config = &config.store;
+/// `config_policy` is the config's `[policy]`, which `options` may replace.
+pub async fn open(
+    store_config: &StoreConfig,
+    config_policy: Policy,
+    options: &OpenOptions,
+) -> Result<Backends, BackendError> {
+    let policy = options.policy.unwrap_or(config_policy);
     let store = open_store(store_config, policy, &options.clock).await?;
     let records: Arc<dyn IdempotencyStore> = Arc::new(InstrumentedStore::new(store.records()));
     let (labels, description, embedded): (Arc<dyn LabelStore>, String, _) = match &store {
@@ -444,16 +459,19 @@ pub async fn open(config: &Config, options: &OpenOptions) -> Result<Backends, Ba
     })
 }
 
-/// Opens only the record store of `config.store.kind`, for the operator's
+/// Opens only the record store of `store_config.kind`, for the operator's
 /// commands (`server forget-unreadable-record`): no label store, and no
 /// migrations, which are the serving process's to run. On the embedded
 /// store this takes the directory's lock, so it fails while a server runs
 /// on it ([`store_fdb::EmbeddedEngine::is_directory_locked`]); with Redis
 /// records and `store.labels = "embedded"` the label directory is not
 /// opened, so it works beside a running server.
-pub async fn open_records(config: &Config) -> Result<Arc<dyn IdempotencyStore>, BackendError> {
+pub async fn open_records(
+    store_config: &StoreConfig,
+    policy: Policy,
+) -> Result<Arc<dyn IdempotencyStore>, BackendError> {
     // An operator's command: the system's clock, as a server's.
-    let store = open_store(&config.store, config.policy, &SystemClock::shared()).await?;
+    let store = open_store(store_config, policy, &SystemClock::shared()).await?;
     Ok(store.records())
 }
 

@@ -13,11 +13,10 @@
 //! Unknown fields, in the file or the environment, are refused: a typo must
 //! not silently fall back to a default. Every refusal names the field.
 
-use crate::admission::{AdmissionConfig, workers_for_postgres_pool};
+use crate::admission::AdmissionConfig;
 use crate::auth::{CallerConfig, DEMO_CALLER_ID, DEMO_TOKEN, has_demo_caller, validate_callers};
-use crate::backend::{StoreConfig, StoreKind};
+use crate::backend::StoreConfig;
 use crate::carrier::CarrierConfig;
-use crate::redact::redact_secrets;
 use crate::serving::ServerConfig;
 use crate::setting::field_error;
 use crate::sweeper::SweeperConfig;
@@ -25,6 +24,7 @@ use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::Path;
 use store_core::Policy;
+use store_core::redact::redact_secrets;
 
 /// The refusal of a configuration, which names the field.
 pub use crate::setting::ConfigError;
@@ -147,12 +147,8 @@ impl Config {
     /// (`admission::workers_for_postgres_pool`); the other stores keep
     /// `AdmissionConfig::workers`'s default.
     pub fn admission(&self) -> AdmissionConfig {
-        let store_default = match self.store.kind {
-            StoreKind::Postgres => Some(workers_for_postgres_pool(self.store.postgres.pool_size)),
-            StoreKind::Embedded | StoreKind::Redis | StoreKind::Foundationdb | StoreKind::Memory => None,
-        };
         AdmissionConfig {
-            workers: self.server.admission.workers.or(store_default),
+            workers: self.server.admission.workers.or(self.store.admission_workers_default()),
             ..self.server.admission
         }
     }

@@ -131,7 +131,7 @@ pub async fn forget_unreadable_record(config: &Config, record: &RecordName) -> R
             path: path.display().to_string(),
         });
     }
-    let store = backend::open_records(config).await?;
+    let store = backend::open_records(&config.store, config.policy).await?;
     Ok(store
         .forget_unreadable_record(&record.caller, record.key_sha256)
         .await?)

@@ -42,12 +42,14 @@ pub use store_core::redact;
 pub mod request_context;
 pub mod serving;
 pub mod setting;
+pub mod state;
 pub mod sweeper;
 pub mod time;
 pub mod tls;
 
-pub use app::{App, AppState, RunningServer, StartupError, router};
+pub use app::{App, RunningServer, StartupError, router};
 pub use config::Config;
 /// The `Idempotency-Key` header's parser and limits (idem-http's), which
 /// the OpenAPI document publishes.
 pub use idem_http::key_header;
+pub use state::AppState;

@@ -6,10 +6,10 @@ use crate::carrier::retry::{
     CARRIER_RETRIES_LIMIT, CARRIER_RETRIES_MAX_DEFAULT, CARRIER_RETRY_BACKOFF_MS_DEFAULT, CARRIER_RETRY_BACKOFF_MS_MAX,
     CarrierRetries,
 };
-use crate::redact::redact_secrets;
 use crate::setting::{ConfigError, RETRY_AFTER_S_DEFAULT, RETRY_AFTER_S_MAX, check_range, field_error};
 use serde::Deserialize;
 use store_core::Policy;
+use store_core::redact::redact_secrets;
 
 /// Default carrier call timeout (20 s inside the 30 s lease: docs/design.md#carrier-timeout).
 pub const CARRIER_TIMEOUT_MS_DEFAULT: u64 = 20_000;

@@ -4,7 +4,7 @@
 use super::*;
 use crate::admission::ADMISSION_WORKERS_DEFAULT;
 use crate::auth::token_sha256;
-use crate::backend::LabelsKind;
+use crate::backend::{LabelsKind, StoreKind};
 use crate::serving::{LISTEN_DEFAULT, PREFER_WAIT_WAITERS_LIMIT, PREFER_WAIT_WAITERS_PER_KEY_LIMIT};
 use store_core::waiting::{WAITERS_PER_INSTANCE_MAX_DEFAULT, WAITERS_PER_KEY_MAX_DEFAULT};
 use store_postgres::SslMode;

@@ -206,5 +206,7 @@ async fn open_stores(setup: &BackendSetup, options: &ServiceOptions) -> backend:
         clock: options.clock.clone(),
         policy: Some(options.policy),
     };
-    backend::open(&config, &open_options).await.expect("the stores open")
+    backend::open(&config.store, config.policy, &open_options)
+        .await
+        .expect("the stores open")
 }
