@@ -22,6 +22,9 @@ PORT_MAX=32767
 PORT_TRIES=50
 # How long the new database may take to report itself available.
 AVAILABLE_WAIT_S_MAX=60
+# How long fdbcli may take to create it: on a loaded machine (a shared
+# runner, other builds) 30 s were not always enough.
+CONFIGURE_TIMEOUT_S=60
 
 started_at=$SECONDS
 
@@ -124,7 +127,7 @@ start_server() {
         -d "$work_dir/data" -L "$work_dir/logs" >"$work_dir/fdbserver.out" 2>&1 &
     server_pid=$!
     echo "fdbserver: pid $server_pid on 127.0.0.1:$port, storage engine $STORAGE_ENGINE, in $work_dir"
-    fdbcli --exec "configure new single $STORAGE_ENGINE" --timeout 30 || {
+    fdbcli --exec "configure new single $STORAGE_ENGINE" --timeout "$CONFIGURE_TIMEOUT_S" || {
         cat "$work_dir/fdbserver.out" >&2
         echo "fdbcli could not configure the new database (fdbserver output above)" >&2
         return 1

@@ -697,3 +697,22 @@ async fn foundationdb_store(
 ) -> Result<OpenedStore, BackendError> {
     Err(not_built(StoreKind::Foundationdb))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A kind this binary was built without is refused naming the cargo
+    /// feature that builds it in, whichever features this build has.
+    #[test]
+    fn a_kind_left_out_is_refused_naming_its_feature() {
+        for kind in StoreKind::ALL {
+            let Some(feature) = kind.cargo_feature() else {
+                continue;
+            };
+            let refusal = not_built(kind).to_string();
+            assert!(refusal.contains(&format!("--features {feature}")), "{kind}: {refusal}");
+            assert!(refusal.contains(kind.name()), "{kind}: {refusal}");
+        }
+    }
+}
