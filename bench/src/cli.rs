@@ -5,7 +5,7 @@ use crate::ramp::RampSettings;
 use crate::schedule::Arrivals;
 use crate::store_mode::run::SaturationSettings;
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use server::config::StoreKind;
+use server::backend::StoreKind;
 use std::path::PathBuf;
 use std::time::Duration;
 

@@ -8,7 +8,7 @@ use crate::output::{OutputError, Report, Unavailable};
 use crate::store_mode::run::StoreReport;
 use crate::store_mode::run::{StoreRunSettings, bench_target};
 use crate::store_mode::{self, TargetError};
-use server::config::StoreKind;
+use server::backend::StoreKind;
 use std::process::ExitCode;
 use std::sync::OnceLock;
 use store_core::Policy;

@@ -18,7 +18,7 @@ use crate::interrupt;
 use crate::output::{Report, RunLoad, Unavailable};
 use crate::report::{Table, ms, rate};
 use crate::store_mode::run::StoreReport;
-use server::config::StoreKind;
+use server::backend::StoreKind;
 use std::time::{Duration, Instant};
 
 /// The default of `--settle-load`: what `scripts/bench-quiet` waited for.

@@ -7,7 +7,7 @@ mod common;
 
 use common::LabelService;
 use server::Config;
-use server::config::StoreKind;
+use server::backend::StoreKind;
 use store_postgres::testkit::PostgresServer;
 use store_redis::testkit::shared_server;
 

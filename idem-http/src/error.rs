@@ -182,13 +182,7 @@ impl IdempotencyError {
 
     /// The RFC 9457 problem body of the default rendering.
     pub fn problem(&self) -> Problem {
-        Problem {
-            problem_type: format!("{PROBLEM_TYPE_PREFIX}{}", self.code()),
-            title: self.title().to_owned(),
-            status: self.status().as_u16(),
-            detail: self.public_detail(),
-            code: self.code().to_owned(),
-        }
+        Problem::new(self.code(), self.title(), self.status(), self.public_detail())
     }
 }
 
@@ -198,10 +192,15 @@ pub fn retry_after_seconds(retry_after_ms: u64) -> u64 {
     retry_after_ms.div_ceil(1_000).max(1)
 }
 
-/// An RFC 9457 problem body, as the default rendering writes it.
+/// An RFC 9457 problem body, as the default rendering writes it. An
+/// application whose own errors are problems too builds them with
+/// [`Problem::new`], so its answers and the middleware's have one shape;
+/// with the `openapi` feature the type is also its OpenAPI schema
+/// (`utoipa::ToSchema`, named `Problem`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Problem {
-    /// A URI naming the problem type: [`PROBLEM_TYPE_PREFIX`] and the code.
+    /// A URI naming the problem type: `urn:idem:problem:<code>`.
     #[serde(rename = "type")]
     pub problem_type: String,
     /// Short, human-readable summary of the problem type.
@@ -210,11 +209,23 @@ pub struct Problem {
     pub status: u16,
     /// What went wrong with this request.
     pub detail: String,
-    /// Machine-readable code ([`IdempotencyError::code`]).
+    /// Machine-readable code; one of the codes listed in the API description.
     pub code: String,
 }
 
 impl Problem {
+    /// The problem of kind `code` (its `type` is [`PROBLEM_TYPE_PREFIX`]
+    /// and the code), answered with `status`.
+    pub fn new(code: &str, title: &str, status: StatusCode, detail: String) -> Self {
+        Self {
+            problem_type: format!("{PROBLEM_TYPE_PREFIX}{code}"),
+            title: title.to_owned(),
+            status: status.as_u16(),
+            detail,
+            code: code.to_owned(),
+        }
+    }
+
     /// The serialized body.
     pub fn to_bytes(&self) -> Vec<u8> {
         serde_json::to_vec(self).unwrap_or_else(|_| b"{}".to_vec())

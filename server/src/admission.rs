@@ -34,6 +34,7 @@ use crate::auth::Caller;
 use crate::error::ApiError;
 use crate::limits::InFlightSlot;
 use crate::metrics::{ADMISSION_QUEUE_WAITING, ADMISSION_SHED_TOTAL, ADMISSION_WORKERS_BORROWED_TOTAL};
+use crate::setting::{ConfigError, check_range};
 use axum::extract::{Request, State};
 use axum::http::Extensions;
 use axum::middleware::Next;
@@ -79,6 +80,36 @@ pub struct AdmissionConfig {
     pub queue_max: usize,
     pub target_ms: u64,
     pub interval_ms: u64,
+}
+
+impl AdmissionConfig {
+    /// Checks the section as resolved (its workers with the store's
+    /// default filled in).
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let admission = self;
+        let workers = admission.workers() as u64;
+        check_range("server.admission.workers", workers, 1, ADMISSION_WORKERS_MAX as u64)?;
+        let queue_max = admission.queue_max as u64;
+        check_range(
+            "server.admission.queue_max",
+            queue_max,
+            0,
+            ADMISSION_QUEUE_MAX_LIMIT as u64,
+        )?;
+        check_range(
+            "server.admission.interval_ms",
+            admission.interval_ms,
+            1,
+            ADMISSION_MS_MAX,
+        )?;
+        // CoDel's target is the short wait: never longer than the interval.
+        check_range(
+            "server.admission.target_ms",
+            admission.target_ms,
+            1,
+            admission.interval_ms,
+        )
+    }
 }
 
 impl Default for AdmissionConfig {

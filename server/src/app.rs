@@ -8,52 +8,35 @@
 
 use crate::admission::admit;
 use crate::auth::{Callers, require_caller};
+use crate::auth::{DEMO_CALLER_ID, DEMO_TOKEN};
 use crate::backend::{self, BackendError, Backends, OpenOptions};
 use crate::carrier::{CarrierClient, CarrierServer};
-use crate::config::{BODY_BYTES_MAX, Config, ConfigError, DEMO_CALLER_ID, DEMO_TOKEN};
+use crate::config::{BODY_BYTES_MAX, Config, ConfigError};
 use crate::connections::{ConnectionLimits, serve_connections};
-use crate::idempotency::{self, Idempotency, IdempotencyLayer};
-use crate::labels::LabelStore;
+use crate::error::ApiError;
+use crate::idempotency::{self, IdempotencyLayer};
 use crate::labels::handlers::{create_label, get_label};
 use crate::limits::{Limits, request_timeout, shed_overload};
 use crate::media_type::require_json;
-use crate::metrics::{export_limits, prometheus_handle, register_at_zero};
+use crate::metrics::{LabelSets, WatchedAnswer, export_limits, prometheus_handle, register_at_zero};
 use crate::observe::observe;
 use crate::probes::{healthz, method_not_allowed, metrics, not_found, openapi_json, readyz};
 use crate::request_context::request_context;
+use crate::state::AppState;
 use crate::sweeper;
 use crate::tls::{InboundTls, TlsFileError, carrier_roots, inbound_tls};
 use axum::Router;
 use axum::handler::Handler;
 use axum::middleware::{from_fn, from_fn_with_state};
 use axum::routing::{get, post};
-use metrics_exporter_prometheus::PrometheusHandle;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
-use store_core::{Policy, SharedClock, StoreError, SystemClock};
-use store_fdb::EmbeddedEngine;
+use store_core::{SharedClock, StoreError, SystemClock};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-
-/// What every handler can reach.
-#[derive(Clone)]
-pub struct AppState {
-    pub idempotency: Idempotency,
-    pub labels: Arc<dyn LabelStore>,
-    pub carrier: Arc<CarrierClient>,
-    pub metrics: PrometheusHandle,
-    pub carrier_retry_after_s: u64,
-    pub store_kind: &'static str,
-    /// The embedded engine, when one holds records or labels (for its metrics).
-    pub embedded: Option<EmbeddedEngine>,
-    /// Cancelled when shutdown begins: readiness fails from then on.
-    pub shutting_down: CancellationToken,
-    /// The idempotency policy in force, which `/openapi.json` publishes.
-    pub policy: Policy,
-}
 
 /// The label route: `POST` creates a label under an idempotency key.
 pub const LABELS_ROUTE: &str = "/v1/labels";
@@ -105,6 +88,50 @@ pub fn router(state: AppState, callers: Callers, limits: Limits) -> Router {
         // every line the request logs, the request line included.
         .layer(from_fn(request_context))
         .with_state(state)
+}
+
+/// The label values of the metrics exported at zero, from the modules that
+/// own them.
+pub fn metric_label_sets(records_backend: &'static str) -> LabelSets {
+    LabelSets {
+        records_backend,
+        shed_reasons: crate::admission::SHED_REASONS
+            .iter()
+            .map(|reason| reason.label())
+            .collect(),
+        carrier_outcomes: &crate::carrier::client::CARRIER_OUTCOME_LABELS,
+        record_operations: &crate::instrumented::RECORD_OPERATIONS,
+        store_results: &crate::instrumented::STORE_RESULTS,
+        routes: &ROUTES,
+        watched_answers: watched_answers(),
+    }
+}
+
+/// The label route's 5xx answers, which the error alerts watch.
+fn watched_answers() -> Vec<WatchedAnswer> {
+    let retry_after_s = 1;
+    [
+        ApiError::store_unavailable(retry_after_s),
+        ApiError::Overloaded {
+            retry_after_s,
+            retry_after_ms: None,
+        },
+        ApiError::from(idem_http::IdempotencyError::DeadlineExceeded { retry_after_s }),
+        ApiError::RequestTimeout {
+            limit_ms: 0,
+            retry_after_s,
+        },
+        ApiError::DownstreamUnavailable { retry_after_s },
+        ApiError::internal(String::new()),
+    ]
+    .iter()
+    .map(|error| WatchedAnswer {
+        route: LABELS_ROUTE,
+        method: "POST",
+        status: error.status().as_str().to_owned(),
+        outcome: error.outcome(),
+    })
+    .collect()
 }
 
 /// Why the server did not start or stop cleanly.
@@ -174,8 +201,8 @@ impl App {
         let carrier_roots = carrier_roots(&config.carrier)?;
         let metrics = prometheus_handle().map_err(StartupError::Metrics)?;
         let callers = Callers::from_config(&config.callers).map_err(StartupError::Callers)?;
-        let backends = backend::open(&config, &OpenOptions::with_clock(clock.clone())).await?;
-        register_at_zero(backends.records.backend_name());
+        let backends = backend::open(&config.store, config.policy, &OpenOptions::with_clock(clock.clone())).await?;
+        register_at_zero(&metric_label_sets(backends.records.backend_name()));
         export_limits(config.server.in_flight_max);
         let (carrier_url, carrier_server) = start_carrier(&config).await?;
         let carrier = CarrierClient::new(
@@ -203,7 +230,7 @@ impl App {
             store_kind: config.store.kind.name(),
             embedded: backends.embedded.as_ref().map(|store| store.engine().clone()),
             shutting_down: CancellationToken::new(),
-            policy: config.policy()?,
+            policy: config.policy,
         };
         let limits = Limits::new(
             config.server.in_flight_max,

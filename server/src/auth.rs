@@ -5,18 +5,130 @@
 //! without stopping at the first match), so neither the comparison nor the
 //! position of a caller in the list shows in the response time.
 
-use crate::config::{CallerConfig, token_digest};
 use crate::error::ApiError;
+use crate::setting::{ConfigError, field_error};
 use axum::extract::{FromRequestParts, Request, State};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use idem_http::CallerIdentity;
+use serde::Deserialize;
 use sha2::{Digest, Sha256};
+use std::collections::HashSet;
 use std::sync::Arc;
 use store_core::CallerId;
 use subtle::ConstantTimeEq;
+
+/// The development caller's id.
+pub const DEMO_CALLER_ID: &str = "demo";
+
+/// The development caller's token. Only its SHA-256 is in the default
+/// config; the server warns loudly whenever this token is accepted.
+pub const DEMO_TOKEN: &str = "demo-token";
+
+/// Tokens a caller may present at most (the current one and those being
+/// rotated out).
+pub const CALLER_TOKENS_MAX: usize = 8;
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CallerConfig {
+    pub id: String,
+    /// Hex SHA-256 of the caller's bearer token (`server hash-token < token-file`).
+    pub token_sha256: String,
+    /// Digests of tokens being rotated out, still accepted for the same
+    /// caller: a token is rotated without changing the caller id, which
+    /// scopes its keys, labels and carrier keys, so a retry that spans the
+    /// rotation replays instead of buying again. Remove them once every
+    /// client has the new token.
+    #[serde(default)]
+    pub retiring_token_sha256: Vec<String>,
+}
+
+impl CallerConfig {
+    /// A caller with one token.
+    pub fn new(id: impl Into<String>, token_sha256: impl Into<String>) -> Self {
+        Self {
+            id: id.into(),
+            token_sha256: token_sha256.into(),
+            retiring_token_sha256: Vec::new(),
+        }
+    }
+
+    /// Every digest this caller is accepted with, current first.
+    pub fn token_digests(&self) -> impl Iterator<Item = &str> {
+        std::iter::once(self.token_sha256.as_str()).chain(self.retiring_token_sha256.iter().map(String::as_str))
+    }
+
+    /// The development caller: id `demo`, token `demo-token`.
+    pub fn demo() -> Self {
+        Self {
+            id: DEMO_CALLER_ID.to_owned(),
+            token_sha256: token_sha256(DEMO_TOKEN),
+            retiring_token_sha256: Vec::new(),
+        }
+    }
+}
+
+/// Hex SHA-256 of a bearer token, as the config stores it.
+pub fn token_sha256(token: &str) -> String {
+    hex::encode(Sha256::digest(token.as_bytes()))
+}
+
+/// The 32 bytes of a hex SHA-256 digest, in either case; `None` when it is
+/// not 64 hex characters. Digests are compared as these bytes, never as
+/// strings, so the case a digest is written in changes nothing.
+pub fn token_digest(hex_digest: &str) -> Option<[u8; 32]> {
+    if hex_digest.len() != 64 {
+        return None;
+    }
+    hex::decode(hex_digest).ok()?.try_into().ok()
+}
+
+/// True when the development caller's token is accepted, however its
+/// digest is written (the digests are compared as bytes).
+pub fn has_demo_caller(callers: &[CallerConfig]) -> bool {
+    let demo: [u8; 32] = Sha256::digest(DEMO_TOKEN.as_bytes()).into();
+    callers
+        .iter()
+        .any(|caller| token_digest(&caller.token_sha256) == Some(demo))
+}
+
+/// `[[callers]]`: at least one, ids valid and distinct, every token a
+/// digest, no digest twice.
+pub fn validate_callers(callers: &[CallerConfig]) -> Result<(), ConfigError> {
+    if callers.is_empty() {
+        return Err(field_error("callers", "at least one caller is required"));
+    }
+    let (mut ids, mut digests) = (HashSet::new(), HashSet::new());
+    for caller in callers {
+        CallerId::new(caller.id.as_str())
+            .map_err(|error| field_error("callers.id", format!("{:?}: {error}", caller.id)))?;
+        if caller.retiring_token_sha256.len() >= CALLER_TOKENS_MAX {
+            let detail = format!("caller {:?}: at most {CALLER_TOKENS_MAX} tokens in all", caller.id);
+            return Err(field_error("callers.retiring_token_sha256", detail));
+        }
+        for hex_digest in caller.token_digests() {
+            let Some(digest) = token_digest(hex_digest) else {
+                return Err(field_error(
+                    "callers.token_sha256",
+                    format!(
+                        "caller {:?}: must be 64 hex characters (server hash-token < token-file)",
+                        caller.id
+                    ),
+                ));
+            };
+            if !digests.insert(digest) {
+                return Err(field_error("callers.token_sha256", "one token appears twice"));
+            }
+        }
+        if !ids.insert(caller.id.as_str()) {
+            return Err(field_error("callers.id", format!("{:?} appears twice", caller.id)));
+        }
+    }
+    Ok(())
+}
 
 /// Longest `Authorization` header read, in bytes.
 pub const AUTHORIZATION_BYTES_MAX: usize = 4_096;
@@ -112,7 +224,6 @@ impl<S: Send + Sync> FromRequestParts<S> for Caller {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::token_sha256;
     use axum::http::HeaderValue;
 
     fn callers() -> Callers {

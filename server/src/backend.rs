@@ -19,12 +19,306 @@
 //! Adding a backend: a [`StoreKind`] variant, an [`OpenedStore`] variant and
 //! its arm in [`open_store`] (plus where its labels live, in [`open`]).
 
-use crate::config::{Config, LabelsKind, StoreConfig, StoreKind};
+use crate::admission::workers_for_postgres_pool;
 use crate::instrumented::InstrumentedStore;
 use crate::labels::{FdbLabels, LABELS_MIGRATION, LabelStore, PostgresLabels, SplitLabels};
+use crate::setting::{ConfigError, field_error};
+use serde::Deserialize;
 use std::sync::Arc;
 use store_core::{IdempotencyStore, Policy, SharedClock, StoreError, SystemClock};
 use store_fdb::EmbeddedStore;
+use store_postgres::SslMode;
+
+/// Where records live (`store.kind`): the one list of backends the
+/// server, its tests and the bench share (the bench's `--backend` and
+/// `--store-kind` parse it too). Opening one is `backend::open`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Deserialize, serde::Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+#[value(rename_all = "lowercase")]
+pub enum StoreKind {
+    Embedded,
+    Redis,
+    Postgres,
+    Foundationdb,
+    /// The reference store in memory (store-memory): volatile, for tests;
+    /// only with the `memory-store` feature, and never a bench backend.
+    #[value(skip)]
+    Memory,
+}
+
+impl StoreKind {
+    /// Every kind, whether or not this build has it ([`StoreKind::is_built`]).
+    pub const ALL: [StoreKind; 5] = [
+        StoreKind::Embedded,
+        StoreKind::Redis,
+        StoreKind::Postgres,
+        StoreKind::Foundationdb,
+        StoreKind::Memory,
+    ];
+
+    /// The durable kinds a test or the bench runs on this machine alone:
+    /// the embedded store, and Redis and PostgreSQL on servers their
+    /// testkits start. Not FoundationDB (it needs a cluster nobody here
+    /// starts, and the default build leaves it out), not memory (volatile).
+    pub const SELF_STARTED: [StoreKind; 3] = [StoreKind::Embedded, StoreKind::Redis, StoreKind::Postgres];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            StoreKind::Embedded => "embedded",
+            StoreKind::Foundationdb => "foundationdb",
+            StoreKind::Redis => "redis",
+            StoreKind::Postgres => "postgres",
+            StoreKind::Memory => "memory",
+        }
+    }
+
+    /// The server's cargo feature that builds this kind in, for the ones
+    /// a default build leaves out.
+    pub fn cargo_feature(self) -> Option<&'static str> {
+        match self {
+            StoreKind::Foundationdb => Some("foundationdb"),
+            StoreKind::Memory => Some("memory-store"),
+            StoreKind::Embedded | StoreKind::Redis | StoreKind::Postgres => None,
+        }
+    }
+
+    /// True when this build of the server can open the kind.
+    pub fn is_built(self) -> bool {
+        match self {
+            StoreKind::Foundationdb => cfg!(feature = "foundationdb"),
+            StoreKind::Memory => cfg!(feature = "memory-store"),
+            StoreKind::Embedded | StoreKind::Redis | StoreKind::Postgres => true,
+        }
+    }
+
+    /// True when the records' store can commit a label in the record's
+    /// own transaction; the others keep labels apart (embedded or
+    /// PostgreSQL, `store.labels`).
+    pub fn holds_labels(self) -> bool {
+        match self {
+            StoreKind::Embedded | StoreKind::Foundationdb | StoreKind::Postgres => true,
+            StoreKind::Redis | StoreKind::Memory => false,
+        }
+    }
+}
+
+impl std::str::FromStr for StoreKind {
+    type Err = String;
+
+    fn from_str(name: &str) -> Result<Self, Self::Err> {
+        StoreKind::ALL
+            .into_iter()
+            .find(|kind| kind.name() == name)
+            .ok_or_else(|| format!("unknown store kind {name:?}"))
+    }
+}
+
+impl std::fmt::Display for StoreKind {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.write_str(self.name())
+    }
+}
+
+/// Where labels (the business effect) live, beside the records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LabelsKind {
+    /// In the records' own store, committed in one transaction with the
+    /// record (embedded, FoundationDB, PostgreSQL).
+    WithRecords,
+    /// In the embedded store beside a Redis record store: two commits, one
+    /// instance only (the embedded store is a local directory).
+    Embedded,
+    /// In PostgreSQL (`[store.postgres]`) beside a Redis record store: two
+    /// commits, shared by every instance.
+    Postgres,
+}
+
+impl LabelsKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            LabelsKind::WithRecords => "with_records",
+            LabelsKind::Embedded => "embedded",
+            LabelsKind::Postgres => "postgres",
+        }
+    }
+}
+
+/// `[store]`: the kind, where labels go, and each backend's section,
+/// deserialised straight into the store crate's own config type (its
+/// `Deserialize` keeps this file's field names; the checks that name a
+/// field are [`StoreConfig::validate`]'s).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StoreConfig {
+    pub kind: StoreKind,
+    /// Where labels live; absent: with the records, or for records that
+    /// cannot hold them, in the embedded store (see [`StoreConfig::labels_kind`]).
+    pub labels: Option<LabelsKind>,
+    /// The embedded store: records with kind = "embedded", labels with kind = "redis" or "memory".
+    pub embedded: store_fdb::EmbeddedConfig,
+    pub redis: store_redis::RedisConfig,
+    pub postgres: store_postgres::PostgresConfig,
+    pub foundationdb: store_fdb::FoundationDbConfig,
+}
+
+impl StoreConfig {
+    /// The store's own default number of admission workers, where it has
+    /// one: half the pool in front of PostgreSQL
+    /// (`admission::workers_for_postgres_pool`); the other stores keep
+    /// `AdmissionConfig::workers`'s default.
+    pub fn admission_workers_default(&self) -> Option<usize> {
+        match self.kind {
+            StoreKind::Postgres => Some(workers_for_postgres_pool(self.postgres.pool_size)),
+            StoreKind::Embedded | StoreKind::Redis | StoreKind::Foundationdb | StoreKind::Memory => None,
+        }
+    }
+
+    /// Where labels live: as configured, else with the records, or for
+    /// records that cannot hold an effect (Redis, memory) in the embedded
+    /// store.
+    pub fn labels_kind(&self) -> LabelsKind {
+        self.labels.unwrap_or(if self.kind.holds_labels() {
+            LabelsKind::WithRecords
+        } else {
+            LabelsKind::Embedded
+        })
+    }
+
+    /// Checks `[store]`: the kind, where labels go, and the sections the
+    /// kind uses.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let store = self;
+        let labels = store.labels_kind();
+        let uses_embedded = store.kind == StoreKind::Embedded || labels == LabelsKind::Embedded;
+        if uses_embedded && store.embedded.path.as_os_str().is_empty() {
+            return Err(field_error("store.embedded.path", "must name a directory"));
+        }
+        if let Some((name, min, max)) = store.embedded.sizes.out_of_range() {
+            let field = match name {
+                "cache_bytes" => "store.embedded.cache_bytes",
+                "memtable_bytes" => "store.embedded.memtable_bytes",
+                _ => "store.embedded.journal_bytes_max",
+            };
+            return Err(field_error(field, format!("must be {min} to {max}")));
+        }
+        self.validate_labels(labels)?;
+        if store.kind == StoreKind::Redis {
+            self.validate_redis_tls()?;
+        }
+        if store.kind == StoreKind::Postgres || labels == LabelsKind::Postgres {
+            self.validate_postgres_tls()?;
+        }
+        match store.kind {
+            StoreKind::Redis if store.redis.urls.is_empty() => Err(field_error(
+                "store.redis.urls",
+                "store.kind = \"redis\" needs at least one redis:// URL",
+            )),
+            StoreKind::Postgres if store.postgres.url.is_empty() => Err(field_error(
+                "store.postgres.url",
+                "store.kind = \"postgres\" needs a postgres:// URL",
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// The TLS files go with `rediss://` URLs, a client certificate with its key.
+    fn validate_redis_tls(&self) -> Result<(), ConfigError> {
+        let redis = &self.redis;
+        let tls_urls = redis
+            .urls
+            .iter()
+            .filter(|url| url.starts_with(store_redis::TLS_SCHEME))
+            .count();
+        if tls_urls != 0 && tls_urls != redis.urls.len() {
+            return Err(field_error(
+                "store.redis.urls",
+                "mix redis:// and rediss://: every node speaks TLS or none does",
+            ));
+        }
+        let tls = &redis.tls;
+        let files = [&tls.ca_file, &tls.client_cert_file, &tls.client_key_file];
+        if tls_urls == 0 && files.iter().any(|file| file.is_some()) {
+            return Err(field_error(
+                "store.redis.ca_file",
+                "TLS files are set but store.redis.urls are redis://; use rediss:// for TLS",
+            ));
+        }
+        if tls.client_cert_file.is_none() != tls.client_key_file.is_none() {
+            return Err(field_error(
+                "store.redis.client_key_file",
+                "store.redis.client_cert_file and client_key_file go together: set both or neither",
+            ));
+        }
+        Ok(())
+    }
+
+    /// One place says whether PostgreSQL is TLS: `sslmode`, with its CA file.
+    fn validate_postgres_tls(&self) -> Result<(), ConfigError> {
+        let postgres = &self.postgres;
+        if postgres.url.contains("sslmode") {
+            return Err(field_error(
+                "store.postgres.url",
+                "carries sslmode; set store.postgres.sslmode instead (disable, require or verify-full)",
+            ));
+        }
+        match (postgres.ssl_mode, postgres.ca_file.is_none()) {
+            (SslMode::Disable, false) => Err(field_error(
+                "store.postgres.ca_file",
+                "is set but store.postgres.sslmode is disable: set sslmode require or verify-full",
+            )),
+            (SslMode::Require | SslMode::VerifyFull, true) => Err(field_error(
+                "store.postgres.ca_file",
+                "store.postgres.sslmode require and verify-full need the CA that signed the server's certificate",
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    fn validate_labels(&self, labels: LabelsKind) -> Result<(), ConfigError> {
+        let kind = self.kind;
+        if !labels_combination_ok(kind, labels) {
+            let detail = format!(
+                "labels = \"{}\" cannot go with store.kind = \"{}\": with embedded, foundationdb or postgres \
+                 records labels go with_records; with redis or memory records, in embedded or postgres",
+                labels.name(),
+                kind.name()
+            );
+            return Err(field_error("store.labels", &detail));
+        }
+        if labels == LabelsKind::Postgres && self.postgres.url.is_empty() {
+            return Err(field_error(
+                "store.postgres.url",
+                "store.labels = \"postgres\" needs a postgres:// URL for the labels",
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        Self {
+            kind: StoreKind::Embedded,
+            labels: None,
+            embedded: store_fdb::EmbeddedConfig::default(),
+            redis: store_redis::RedisConfig::default(),
+            postgres: store_postgres::PostgresConfig::default(),
+            foundationdb: store_fdb::FoundationDbConfig::default(),
+        }
+    }
+}
+
+/// The combinations a team would run: labels with the records wherever the
+/// records' store can hold them in one transaction; beside records that
+/// cannot (Redis, memory), in the embedded store or in PostgreSQL.
+fn labels_combination_ok(kind: StoreKind, labels: LabelsKind) -> bool {
+    if kind.holds_labels() {
+        labels == LabelsKind::WithRecords
+    } else {
+        matches!(labels, LabelsKind::Embedded | LabelsKind::Postgres)
+    }
+}
 
 /// What a caller sets beside the config. The server passes its one clock
 /// and the config's policy; tests pass a manual clock, or a policy the
@@ -118,15 +412,16 @@ impl Backends {
     }
 }
 
-/// Opens the record store of `config.store.kind` and the label store
+/// Opens the record store of `store_config.kind` and the label store
 /// `store.labels` names, running the label migrations where labels live in
 /// PostgreSQL.
-pub async fn open(config: &Config, options: &OpenOptions) -> Result<Backends, BackendError> {
-    let policy = match options.policy {
-        Some(policy) => policy,
-        None => policy_of(config)?,
-    };
-    let store_config = &config.store;
+/// `config_policy` is the config's `[policy]`, which `options` may replace.
+pub async fn open(
+    store_config: &StoreConfig,
+    config_policy: Policy,
+    options: &OpenOptions,
+) -> Result<Backends, BackendError> {
+    let policy = options.policy.unwrap_or(config_policy);
     let store = open_store(store_config, policy, &options.clock).await?;
     let records: Arc<dyn IdempotencyStore> = Arc::new(InstrumentedStore::new(store.records()));
     let (labels, description, embedded): (Arc<dyn LabelStore>, String, _) = match &store {
@@ -164,23 +459,19 @@ pub async fn open(config: &Config, options: &OpenOptions) -> Result<Backends, Ba
     })
 }
 
-fn policy_of(config: &Config) -> Result<Policy, BackendError> {
-    config.policy().map_err(|error| BackendError::Refused {
-        kind: config.store.kind.name(),
-        detail: error.to_string(),
-    })
-}
-
-/// Opens only the record store of `config.store.kind`, for the operator's
+/// Opens only the record store of `store_config.kind`, for the operator's
 /// commands (`server forget-unreadable-record`): no label store, and no
 /// migrations, which are the serving process's to run. On the embedded
 /// store this takes the directory's lock, so it fails while a server runs
 /// on it ([`store_fdb::EmbeddedEngine::is_directory_locked`]); with Redis
 /// records and `store.labels = "embedded"` the label directory is not
 /// opened, so it works beside a running server.
-pub async fn open_records(config: &Config) -> Result<Arc<dyn IdempotencyStore>, BackendError> {
+pub async fn open_records(
+    store_config: &StoreConfig,
+    policy: Policy,
+) -> Result<Arc<dyn IdempotencyStore>, BackendError> {
     // An operator's command: the system's clock, as a server's.
-    let store = open_store(&config.store, policy_of(config)?, &SystemClock::shared()).await?;
+    let store = open_store(store_config, policy, &SystemClock::shared()).await?;
     Ok(store.records())
 }
 
@@ -405,4 +696,23 @@ async fn foundationdb_store(
     _clock: &SharedClock,
 ) -> Result<OpenedStore, BackendError> {
     Err(not_built(StoreKind::Foundationdb))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A kind this binary was built without is refused naming the cargo
+    /// feature that builds it in, whichever features this build has.
+    #[test]
+    fn a_kind_left_out_is_refused_naming_its_feature() {
+        for kind in StoreKind::ALL {
+            let Some(feature) = kind.cargo_feature() else {
+                continue;
+            };
+            let refusal = not_built(kind).to_string();
+            assert!(refusal.contains(&format!("--features {feature}")), "{kind}: {refusal}");
+            assert!(refusal.contains(kind.name()), "{kind}: {refusal}");
+        }
+    }
 }

@@ -8,9 +8,7 @@
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use idem_http::IdempotencyError;
-use serde::Serialize;
 use store_core::{InvalidInput, SavedResponse};
-use utoipa::ToSchema;
 
 /// Media type of every error body; `Retry-After` rounding. Both are
 /// idem-http's, so the layer's answers and the API's agree.
@@ -79,21 +77,9 @@ pub enum ApiError {
     RequestTimeout { limit_ms: u64, retry_after_s: u64 },
 }
 
-/// The body of every error response (RFC 9457).
-#[derive(Debug, Clone, Serialize, serde::Deserialize, ToSchema)]
-pub struct Problem {
-    /// A URI naming the problem type: `urn:idem:problem:<code>`.
-    #[serde(rename = "type")]
-    pub problem_type: String,
-    /// Short, human-readable summary of the problem type.
-    pub title: String,
-    /// The HTTP status code.
-    pub status: u16,
-    /// What went wrong with this request.
-    pub detail: String,
-    /// Machine-readable code; one of the codes listed in the API description.
-    pub code: String,
-}
+/// The body of every error response (RFC 9457): idem-http's, so the
+/// layer's answers and the API's own have one shape, byte for byte.
+pub use idem_http::Problem;
 
 /// How many kinds of [`ApiError`] there are: the length of
 /// [`ApiError::samples`].
@@ -254,18 +240,12 @@ impl ApiError {
             ApiError::Idempotency(error) => error.public_detail(),
             other => other.to_string(),
         };
-        Problem {
-            problem_type: format!("urn:idem:problem:{}", self.code()),
-            title: self.title().to_owned(),
-            status: self.status().as_u16(),
-            detail,
-            code: self.code().to_owned(),
-        }
+        Problem::new(self.code(), self.title(), self.status(), detail)
     }
 
     /// The serialized problem body.
     pub fn body_bytes(&self) -> Vec<u8> {
-        serde_json::to_vec(&self.problem()).unwrap_or_else(|_| b"{}".to_vec())
+        self.problem().to_bytes()
     }
 
     /// This problem as a saved response, for a handler that saves it as

@@ -14,8 +14,9 @@
 //! log lines print them (`caller`, `key_sha256`), or by the raw key, which
 //! is hashed here exactly as the stores hash it ([`IdempotencyKey::digest`]).
 
+use crate::backend::StoreKind;
 use crate::backend::{self, BackendError};
-use crate::config::{Config, StoreKind};
+use crate::config::Config;
 use store_core::{
     CallerId, ForgetOutcome, IDEMPOTENCY_KEY_BYTES_MAX, IdempotencyKey, InvalidInput, KeyDigest, StoreError,
 };
@@ -130,7 +131,7 @@ pub async fn forget_unreadable_record(config: &Config, record: &RecordName) -> R
             path: path.display().to_string(),
         });
     }
-    let store = backend::open_records(config).await?;
+    let store = backend::open_records(&config.store, config.policy).await?;
     Ok(store
         .forget_unreadable_record(&record.caller, record.key_sha256)
         .await?)

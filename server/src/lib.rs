@@ -3,20 +3,25 @@
 //! with the key, a carrier simulator, config-selected backends, and
 //! Prometheus metrics.
 //!
-//! Map of the crate:
-//! - [`app`]: the router, the app state, starting and stopping.
+//! Map of the crate, from the top down; a module imports only from below it:
+//! - [`app`]: the router, starting and stopping; [`config`]: loading the
+//!   TOML file and its `IDEM__` environment overrides, and assembling the
+//!   sections, each of which its owner defines and checks ([`serving`]
+//!   `[server]`, [`admission`], [`tls`], [`auth`] `[[callers]]`,
+//!   [`carrier`], [`sweeper`], [`backend`] `[store]`).
+//! - [`forget`]: `server forget-unreadable-record`, the operator's command for an unreadable record.
+//! - [`openapi`], [`probes`], [`connections`] (header-read timeout, connection cap, draining).
+//! - [`state`]: what every handler reads.
+//! - [`backend`]: the store kinds and opening the stores `store.kind` names.
+//! - [`labels`]: the label route and where labels live, per backend; [`carrier`]: the carrier client and simulator.
 //! - [`idempotency`]: the idempotency middleware (the idem-http crate's
 //!   layer and [`idempotency::Attempt`] API), configured for this service.
-//! - [`labels`]: the label route and where labels live, per backend.
-//! - [`carrier`]: the carrier client and simulator.
-//! - [`config`]: the TOML config with environment overrides.
-//! - [`connections`]: serving connections (header-read timeout, connection cap, draining).
-//! - [`backend`]: opens the stores `store.kind` names.
-//! - [`forget`]: `server forget-unreadable-record`, the operator's command for an unreadable record.
-//! - [`error`]: the one API error type (RFC 9457 problem details).
-//! - [`redact`]: hides passwords in URLs in errors and `Debug` forms.
-//! - [`observe`], [`limits`], [`auth`], [`media_type`], [`sweeper`], [`metrics`], [`openapi`], [`probes`].
-//! - [`failpoints`]: crash points in the label create path (feature `failpoints`, tests only).
+//! - [`limits`], [`admission`], [`observe`], [`auth`], [`media_type`], [`sweeper`], [`instrumented`].
+//! - At the bottom: [`metrics`] (names, given its label sets), [`error`]
+//!   (the one API error type, RFC 9457 problem details), [`setting`] (the
+//!   configuration's refusal type), [`request_context`], [`time`],
+//!   [`failpoints`] (crash points in the label create path; feature `failpoints`, tests only).
+//! - [`redact`]: hides passwords in URLs in errors and `Debug` forms (store-core's).
 
 pub mod admission;
 pub mod app;
@@ -40,12 +45,16 @@ pub mod probes;
 /// One redaction of secrets for the server's messages and every backend's `Debug` form (store-core's).
 pub use store_core::redact;
 pub mod request_context;
+pub mod serving;
+pub mod setting;
+pub mod state;
 pub mod sweeper;
 pub mod time;
 pub mod tls;
 
-pub use app::{App, AppState, RunningServer, StartupError, router};
+pub use app::{App, RunningServer, StartupError, router};
 pub use config::Config;
 /// The `Idempotency-Key` header's parser and limits (idem-http's), which
 /// the OpenAPI document publishes.
 pub use idem_http::key_header;
+pub use state::AppState;

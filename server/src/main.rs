@@ -11,8 +11,9 @@
 
 use clap::{ArgGroup, Parser, Subcommand};
 use server::auth::AUTHORIZATION_BYTES_MAX;
+use server::auth::token_sha256;
 use server::carrier::CarrierServer;
-use server::config::{Config, LogConfig, LogFormat, token_sha256};
+use server::config::{Config, LogConfig, LogFormat};
 use server::forget::{KeyNamed, RecordName, RecordNameError};
 use server::redact::redact_secrets;
 use server::{App, StartupError};

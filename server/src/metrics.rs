@@ -172,6 +172,37 @@ fn describe() {
 /// `result` labels of a sweeper run.
 pub const SWEEPER_RESULTS: [&str; 2] = ["ok", "error"];
 
+/// The label values of the series [`register_at_zero`] exports, given by
+/// the modules that own them (the router gathers them), so this module
+/// names metrics and imports nothing of the code it measures.
+#[derive(Debug, Clone)]
+pub struct LabelSets {
+    /// The record store's `backend` label.
+    pub records_backend: &'static str,
+    /// `reason`s of [`ADMISSION_SHED_TOTAL`].
+    pub shed_reasons: Vec<&'static str>,
+    /// `outcome`s of the carrier call metrics.
+    pub carrier_outcomes: &'static [&'static str],
+    /// `operation`s of [`STORE_OPERATION_DURATION_SECONDS`].
+    pub record_operations: &'static [&'static str],
+    /// `result`s of [`STORE_OPERATION_DURATION_SECONDS`].
+    pub store_results: &'static [&'static str],
+    /// Every `(route, method)` the router serves.
+    pub routes: &'static [(&'static str, &'static str)],
+    /// The `(route, method, status, outcome)` answers the error alerts
+    /// watch: the label route's 5xx.
+    pub watched_answers: Vec<WatchedAnswer>,
+}
+
+/// One `idem_http_requests_total` series registered at zero.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WatchedAnswer {
+    pub route: &'static str,
+    pub method: &'static str,
+    pub status: String,
+    pub outcome: &'static str,
+}
+
 /// Exports every counter and histogram at zero before its first event.
 /// Prometheus' `increase(x[15m]) > 0` needs a sample from before the event:
 /// a series born with the event itself has none, so the first late key,
@@ -179,7 +210,7 @@ pub const SWEEPER_RESULTS: [&str; 2] = ["ok", "error"];
 /// with a fixed label set are registered with every value; the request
 /// counter with the 5xx answers of the label route (what the error alerts
 /// watch); histograms with every label set they can have here.
-pub fn register_at_zero(records_backend: &'static str) {
+pub fn register_at_zero(labels: &LabelSets) {
     MetricNames::default().register_at_zero();
     for name in [
         RECORDS_PURGED_TOTAL,
@@ -194,8 +225,8 @@ pub fn register_at_zero(records_backend: &'static str) {
     for result in SWEEPER_RESULTS {
         metrics::counter!(SWEEPER_RUNS_TOTAL, "result" => result).increment(0);
     }
-    for reason in crate::admission::SHED_REASONS {
-        metrics::counter!(ADMISSION_SHED_TOTAL, "reason" => reason.label()).increment(0);
+    for reason in &labels.shed_reasons {
+        metrics::counter!(ADMISSION_SHED_TOTAL, "reason" => *reason).increment(0);
     }
     metrics::gauge!(ADMISSION_QUEUE_WAITING).set(0.0);
     metrics::counter!(ADMISSION_WORKERS_BORROWED_TOTAL).increment(0);
@@ -203,17 +234,17 @@ pub fn register_at_zero(records_backend: &'static str) {
         metrics::counter!(WORK_DONE_TOTAL, "client" => client).increment(0);
     }
     registered(metrics::histogram!(SWEEPER_RUN_DURATION_SECONDS));
-    for outcome in crate::carrier::client::CARRIER_OUTCOME_LABELS {
-        metrics::counter!(CARRIER_CALLS_TOTAL, "outcome" => outcome).increment(0);
-        registered(metrics::histogram!(CARRIER_CALL_DURATION_SECONDS, "outcome" => outcome));
+    for outcome in labels.carrier_outcomes {
+        metrics::counter!(CARRIER_CALLS_TOTAL, "outcome" => *outcome).increment(0);
+        registered(metrics::histogram!(CARRIER_CALL_DURATION_SECONDS, "outcome" => *outcome));
     }
-    for operation in crate::instrumented::RECORD_OPERATIONS {
-        for result in crate::instrumented::STORE_RESULTS {
+    for operation in labels.record_operations {
+        for result in labels.store_results {
             registered(metrics::histogram!(STORE_OPERATION_DURATION_SECONDS,
-                "backend" => records_backend, "operation" => operation, "result" => result));
+                "backend" => labels.records_backend, "operation" => *operation, "result" => *result));
         }
     }
-    register_requests_at_zero();
+    register_requests_at_zero(labels);
 }
 
 /// Exports the limits this process runs with, for the saturation alerts.
@@ -225,28 +256,13 @@ pub fn export_limits(in_flight_max: usize) {
 /// what registers the series (with empty buckets); nothing is recorded.
 fn registered(_histogram: metrics::Histogram) {}
 
-fn register_requests_at_zero() {
-    use crate::error::ApiError;
-    for (route, method) in crate::app::ROUTES {
-        registered(metrics::histogram!(HTTP_REQUEST_DURATION_SECONDS, "route" => route, "method" => method));
+fn register_requests_at_zero(labels: &LabelSets) {
+    for (route, method) in labels.routes {
+        registered(metrics::histogram!(HTTP_REQUEST_DURATION_SECONDS, "route" => *route, "method" => *method));
     }
-    let retry_after_s = 1;
-    for error in [
-        ApiError::store_unavailable(retry_after_s),
-        ApiError::Overloaded {
-            retry_after_s,
-            retry_after_ms: None,
-        },
-        ApiError::from(idem_http::IdempotencyError::DeadlineExceeded { retry_after_s }),
-        ApiError::RequestTimeout {
-            limit_ms: 0,
-            retry_after_s,
-        },
-        ApiError::DownstreamUnavailable { retry_after_s },
-        ApiError::internal(String::new()),
-    ] {
-        metrics::counter!(HTTP_REQUESTS_TOTAL, "route" => crate::app::LABELS_ROUTE, "method" => "POST",
-            "status" => error.status().as_str().to_owned(), "outcome" => error.outcome())
+    for answer in &labels.watched_answers {
+        metrics::counter!(HTTP_REQUESTS_TOTAL, "route" => answer.route, "method" => answer.method,
+            "status" => answer.status.clone(), "outcome" => answer.outcome)
         .increment(0);
     }
 }

@@ -12,12 +12,12 @@
 use crate::auth::Caller;
 use crate::error::{LoggedError, Outcome};
 use crate::metrics::{HTTP_REQUEST_DURATION_SECONDS, HTTP_REQUESTS_IN_FLIGHT, HTTP_REQUESTS_TOTAL};
-use crate::redact::redact_secrets;
 use axum::extract::{MatchedPath, Request};
 use axum::http::{Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::Response;
 use std::time::Instant;
+use store_core::redact::redact_secrets;
 
 /// Route label for requests that matched no route.
 pub const UNMATCHED_ROUTE: &str = "unmatched";

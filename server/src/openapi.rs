@@ -11,10 +11,10 @@
 //! - the configured idempotency policy (`x-idempotency`, and in words).
 
 use crate::error::{ApiError, PROBLEM_JSON, Problem};
-use crate::key_header::{KEY_HEADER_BYTES_MAX, KEY_HEADER_PATTERN};
 use crate::labels::handlers::{__path_create_label, __path_get_label};
 use crate::labels::{CreateLabelRequest, Label, ShippingService};
 use crate::probes::{__path_healthz, __path_metrics, __path_openapi_json, __path_readyz, Health};
+use idem_http::key_header::{KEY_HEADER_BYTES_MAX, KEY_HEADER_PATTERN};
 use serde_json::{Map, Value, json};
 use store_core::Policy;
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};

@@ -1,8 +1,8 @@
 //! Operations routes: liveness, readiness, metrics and the API document.
 
-use crate::app::AppState;
-use crate::config::RETRY_AFTER_S_DEFAULT;
 use crate::error::{ApiError, Outcome};
+use crate::setting::RETRY_AFTER_S_DEFAULT;
+use crate::state::AppState;
 use axum::Json;
 use axum::extract::State;
 use axum::http::{HeaderValue, header};
@@ -56,7 +56,7 @@ pub async fn readyz(State(state): State<AppState>) -> Response {
         })
         .into_response(),
         Err(error) => {
-            let detail = crate::redact::redact_secrets(&error.to_string());
+            let detail = store_core::redact::redact_secrets(&error.to_string());
             tracing::warn!(error = %detail, "readiness probe: store unreachable");
             let mut response = state.idempotency.store_error(&error).into_response();
             response.extensions_mut().insert(Outcome("unavailable"));

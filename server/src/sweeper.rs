@@ -1,15 +1,66 @@
 //! The sweeper: purges expired records (and tombstones) in bounded batches
 //! at a fixed interval, so the store does not grow without end.
 
-use crate::config::SweeperConfig;
 use crate::metrics::{
     RECORDS_PURGED_TOTAL, RECORDS_QUARANTINED_TOTAL, SWEEPER_RUN_DURATION_SECONDS, SWEEPER_RUNS_TOTAL,
     TOMBSTONES_PURGED_TOTAL,
 };
+use crate::setting::{ConfigError, check_range};
+use serde::Deserialize;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use store_core::PURGE_BATCH_MAX;
 use store_core::{IdempotencyStore, PurgeReport, StoreError};
 use tokio_util::sync::CancellationToken;
+
+/// Default sweeper interval.
+pub const SWEEPER_INTERVAL_MS_DEFAULT: u64 = 60_000;
+
+/// Shortest sweeper interval accepted.
+pub const SWEEPER_INTERVAL_MS_MIN: u64 = 10;
+
+/// Default records purged per batch.
+pub const SWEEPER_BATCH_MAX_DEFAULT: usize = 1_000;
+
+/// Default batches per sweeper run, so one run stays bounded.
+pub const SWEEPER_BATCHES_PER_RUN_DEFAULT: usize = 100;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SweeperConfig {
+    pub interval_ms: u64,
+    pub batch_max: usize,
+    pub batches_per_run_max: usize,
+}
+
+impl SweeperConfig {
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let sweeper = self;
+        check_range(
+            "sweeper.interval_ms",
+            sweeper.interval_ms,
+            SWEEPER_INTERVAL_MS_MIN,
+            u64::from(u32::MAX),
+        )?;
+        check_range("sweeper.batch_max", sweeper.batch_max as u64, 1, PURGE_BATCH_MAX as u64)?;
+        check_range(
+            "sweeper.batches_per_run_max",
+            sweeper.batches_per_run_max as u64,
+            1,
+            1_000_000,
+        )
+    }
+}
+
+impl Default for SweeperConfig {
+    fn default() -> Self {
+        Self {
+            interval_ms: SWEEPER_INTERVAL_MS_DEFAULT,
+            batch_max: SWEEPER_BATCH_MAX_DEFAULT,
+            batches_per_run_max: SWEEPER_BATCHES_PER_RUN_DEFAULT,
+        }
+    }
+}
 
 /// What one run did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

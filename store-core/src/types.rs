@@ -184,7 +184,12 @@ impl fmt::Display for LeaseToken {
 /// How long leases, records and tombstones live. A tombstone window of 0
 /// keeps no tombstones (late keys are then only noticed while an expired
 /// record has not been swept yet).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+///
+/// Deserialised (a config file's `[policy]`: `lease_ms`, `retention_ms`,
+/// `tombstone_ms`, each defaulting to [`Policy::default`]'s) through
+/// [`Policy::new`], so a policy read from a file is checked like any other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "PolicyFields")]
 pub struct Policy {
     lease_ms: u64,
     retention_ms: u64,
@@ -198,6 +203,34 @@ impl Default for Policy {
             retention_ms: RETENTION_MS_DEFAULT,
             tombstone_ms: TOMBSTONE_MS_DEFAULT,
         }
+    }
+}
+
+/// The fields of a [`Policy`] as written, before [`Policy::new`] checks them.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct PolicyFields {
+    lease_ms: u64,
+    retention_ms: u64,
+    tombstone_ms: u64,
+}
+
+impl Default for PolicyFields {
+    fn default() -> Self {
+        let policy = Policy::default();
+        Self {
+            lease_ms: policy.lease_ms,
+            retention_ms: policy.retention_ms,
+            tombstone_ms: policy.tombstone_ms,
+        }
+    }
+}
+
+impl TryFrom<PolicyFields> for Policy {
+    type Error = InvalidInput;
+
+    fn try_from(fields: PolicyFields) -> Result<Self, Self::Error> {
+        Policy::new(fields.lease_ms, fields.retention_ms, fields.tombstone_ms)
     }
 }
 
@@ -363,6 +396,27 @@ impl Record {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A policy read from a file is checked by `Policy::new`, takes the
+    /// defaults for the fields it leaves out, and refuses unknown ones.
+    #[test]
+    fn a_deserialised_policy_is_checked_and_defaulted() {
+        let policy: Policy = serde_json::from_str(r#"{"lease_ms": 45000}"#).unwrap();
+        let defaults = Policy::default();
+        assert_eq!(
+            (policy.lease_ms(), policy.retention_ms(), policy.tombstone_ms()),
+            (45_000, defaults.retention_ms(), defaults.tombstone_ms())
+        );
+        let too_short = serde_json::from_str::<Policy>(r#"{"lease_ms": 1}"#).unwrap_err();
+        assert!(too_short.to_string().contains("lease must be between"), "{too_short}");
+        let retention = serde_json::from_str::<Policy>(r#"{"lease_ms": 5000, "retention_ms": 4999}"#).unwrap_err();
+        assert!(
+            retention.to_string().contains("retention must be at least the lease"),
+            "{retention}"
+        );
+        let unknown = serde_json::from_str::<Policy>(r#"{"lease": 5000}"#).unwrap_err();
+        assert!(unknown.to_string().contains("unknown field"), "{unknown}");
+    }
 
     #[test]
     fn keys_accept_the_printable_ascii_range_and_nothing_else() {

@@ -56,5 +56,5 @@ pub use notify::{
     LISTENER_RETRY_DELAY_MS_MIN,
 };
 pub use store::PostgresStore;
-pub use tls::{CA_FILE_BYTES_MAX, TLS_ERROR_PREFIX, TlsError};
+pub use tls::{TLS_ERROR_PREFIX, TlsError};
 pub use tokio_postgres;

@@ -11,31 +11,26 @@
 use crate::config::SslMode;
 use rustls::client::WebPkiServerVerifier;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
 use std::error::Error as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use store_core::StoreError;
+use tls_files::{PemFileError, read_certificates};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
 /// How every TLS refusal of this store begins, so a caller can tell them
 /// from other refusals (the server exits with its "refused config" code).
 pub const TLS_ERROR_PREFIX: &str = "PostgreSQL TLS";
 
-/// Largest CA file read, in bytes: a bundle of a few hundred certificates fits.
-pub const CA_FILE_BYTES_MAX: u64 = 1024 * 1024;
-
 /// Why the CA file could not be used.
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
-    #[error("PostgreSQL TLS: cannot read the CA file {path}: {source}")]
-    Read {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    /// The CA file could not be read, or holds no PEM certificate
+    /// (tls-files, the one PEM reader, says which).
+    #[error("PostgreSQL TLS: {0}")]
+    File(#[from] PemFileError),
     #[error("PostgreSQL TLS: the CA file {path} {reason}")]
     Invalid { path: PathBuf, reason: String },
 }
@@ -67,27 +62,11 @@ fn invalid(path: &Path, reason: String) -> TlsError {
 }
 
 fn root_store(ca_file: &Path) -> Result<RootCertStore, TlsError> {
-    let read_error = |source| TlsError::Read {
-        path: ca_file.to_owned(),
-        source,
-    };
-    let size = std::fs::metadata(ca_file).map_err(read_error)?.len();
-    if size > CA_FILE_BYTES_MAX {
-        return Err(invalid(
-            ca_file,
-            format!("is {size} bytes, more than {CA_FILE_BYTES_MAX}"),
-        ));
-    }
-    let pem = std::fs::read(ca_file).map_err(read_error)?;
     let mut roots = RootCertStore::empty();
-    for certificate in CertificateDer::pem_slice_iter(&pem) {
-        let certificate = certificate.map_err(|error| invalid(ca_file, format!("is not PEM: {error}")))?;
+    for certificate in read_certificates("CA file", ca_file)? {
         roots
             .add(certificate)
             .map_err(|error| invalid(ca_file, format!("holds a certificate that is not a CA: {error}")))?;
-    }
-    if roots.is_empty() {
-        return Err(invalid(ca_file, "holds no PEM certificate".to_owned()));
     }
     Ok(roots)
 }

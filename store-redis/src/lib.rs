@@ -42,4 +42,4 @@ pub use keys::RecordKeys;
 pub use store::{FORGET_READS_MAX, RedisStore};
 /// The saved-response format the `response` field holds: store-core's.
 pub use store_core::codec::RESPONSE_FORMAT_VERSION;
-pub use tls::{TLS_ERROR_PREFIX, TLS_FILE_BYTES_MAX};
+pub use tls::TLS_ERROR_PREFIX;

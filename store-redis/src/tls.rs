@@ -5,19 +5,13 @@
 
 use crate::config::{RedisConfig, RedisTls};
 use redis::{ClientTlsConfig, RedisError, TlsCertificates};
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use std::error::Error as _;
-use std::path::Path;
 use store_core::StoreError;
+use tls_files::{PemFileError, read_certificate_pem, read_private_key_pem};
 
 /// How every TLS refusal of this store begins, so a caller can tell them
 /// from other refusals (the server exits with its "refused config" code).
 pub const TLS_ERROR_PREFIX: &str = "Redis TLS";
-
-/// Largest certificate or key file read, in bytes: a CA bundle of a few
-/// hundred certificates fits; anything larger is not a PEM file.
-pub const TLS_FILE_BYTES_MAX: u64 = 1024 * 1024;
 
 /// The certificates to connect with: `None` for `redis://` URLs, or for
 /// `rediss://` without files (the operating system's trust store then).
@@ -27,17 +21,23 @@ pub(crate) fn tls_certificates(config: &RedisConfig) -> Result<Option<TlsCertifi
         return Ok(None);
     }
     let root_cert = match &tls.ca_file {
-        Some(path) => Some(read_certificates(path, "CA file")?),
+        Some(path) => Some(read_certificate_pem("CA file", path).map_err(file_refused)?),
         None => None,
     };
     let client_tls = match (&tls.client_cert_file, &tls.client_key_file) {
         (Some(cert_file), Some(key_file)) => Some(ClientTlsConfig {
-            client_cert: read_certificates(cert_file, "client certificate file")?,
-            client_key: read_private_key(key_file)?,
+            client_cert: read_certificate_pem("client certificate file", cert_file).map_err(file_refused)?,
+            client_key: read_private_key_pem("client key file", key_file).map_err(file_refused)?,
         }),
         _ => None,
     };
     Ok(Some(TlsCertificates { client_tls, root_cert }))
+}
+
+/// A certificate or key file refused by the one PEM reader (tls-files),
+/// which names the file and why.
+fn file_refused(error: PemFileError) -> StoreError {
+    refused(error.to_string())
 }
 
 fn refused(message: String) -> StoreError {
@@ -45,46 +45,6 @@ fn refused(message: String) -> StoreError {
         detail: format!("{TLS_ERROR_PREFIX}: {message}"),
         source: None,
     }
-}
-
-fn read_pem(path: &Path, what: &str) -> Result<Vec<u8>, StoreError> {
-    let size = std::fs::metadata(path)
-        .map_err(|error| refused(format!("cannot read the {what} {}: {error}", path.display())))?
-        .len();
-    if size > TLS_FILE_BYTES_MAX {
-        return Err(refused(format!(
-            "the {what} {} is {size} bytes, more than {TLS_FILE_BYTES_MAX}",
-            path.display()
-        )));
-    }
-    std::fs::read(path).map_err(|error| refused(format!("cannot read the {what} {}: {error}", path.display())))
-}
-
-/// The file's bytes, once they are known to hold at least one PEM certificate.
-fn read_certificates(path: &Path, what: &str) -> Result<Vec<u8>, StoreError> {
-    let pem = read_pem(path, what)?;
-    let certificates = CertificateDer::pem_slice_iter(&pem)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|error| refused(format!("the {what} {} is not PEM: {error}", path.display())))?;
-    if certificates.is_empty() {
-        return Err(refused(format!(
-            "the {what} {} holds no PEM certificate",
-            path.display()
-        )));
-    }
-    Ok(pem)
-}
-
-/// The file's bytes, once they are known to hold a PEM private key.
-fn read_private_key(path: &Path) -> Result<Vec<u8>, StoreError> {
-    let pem = read_pem(path, "client key file")?;
-    PrivateKeyDer::from_pem_slice(&pem).map_err(|error| {
-        refused(format!(
-            "the client key file {} holds no PEM private key: {error}",
-            path.display()
-        ))
-    })?;
-    Ok(pem)
 }
 
 /// The TLS failure inside a connection error, if that is what it was: a

@@ -2,7 +2,7 @@
 
 use crate::cli::{BackendArgs, LoadArgs, OutputArgs};
 use clap::{Args, ValueEnum};
-use server::config::StoreKind;
+use server::backend::StoreKind;
 use std::path::PathBuf;
 
 /// The Fulfilment service's deadline per call (250 ms: docs/design.md#client-deadline).

@@ -20,7 +20,7 @@ use cli::{FulfilmentArgs, HttpArgs, KeyMode, Profile};
 use client::{ClientError, ClientSettings, FulfilmentClient, PreferWaitReport, answered_409};
 use overload::{OverloadReport, WorkSampler, run_overload};
 use serde::{Deserialize, Serialize};
-use server::config::StoreKind;
+use server::backend::StoreKind;
 use spawn::{SpawnError, SpawnSettings, SpawnedServer};
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -10,7 +10,7 @@
 
 use crate::cli::{BackendArgs, DurabilityArg};
 use crate::store_mode::KeepAlive;
-use server::config::StoreKind;
+use server::backend::StoreKind;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use test_support::process::{OnDrop, ProcessError, ProcessSpec, Readiness, ServerProcess};

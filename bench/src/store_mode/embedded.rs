@@ -6,7 +6,7 @@ use crate::engine::Workload;
 use crate::recorder::Outcome;
 use futures::future::BoxFuture;
 use server::backend::OpenedStore;
-use server::config::{StoreConfig, StoreKind};
+use server::backend::{StoreConfig, StoreKind};
 use std::path::PathBuf;
 use std::sync::Arc;
 use store_core::{AtomicCompletion, ClaimOutcome, CompleteWithError, Completion, IdempotencyStore, Policy};

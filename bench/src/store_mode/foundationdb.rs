@@ -13,7 +13,7 @@ use super::embedded::{FdbIntents, RAW_VALUE_BYTES, RawCommits};
 use super::{Baseline, IntentInputs, StoreTarget, TargetError};
 use crate::cli::BackendArgs;
 use server::backend::OpenedStore;
-use server::config::{StoreConfig, StoreKind};
+use server::backend::{StoreConfig, StoreKind};
 use std::sync::Arc;
 use store_core::Policy;
 use store_fdb::{FoundationDbConfig, KeyPrefix};

@@ -22,7 +22,7 @@ use crate::intent::{CALLER_ID, Intent, RunIds};
 use crate::recorder::Outcome;
 use serde::{Deserialize, Serialize};
 use server::backend::OpenedStore;
-use server::config::{StoreConfig, StoreKind};
+use server::backend::{StoreConfig, StoreKind};
 use std::sync::Arc;
 use store_core::{
     CallerId, ClaimOutcome, ClaimRequest, Fenced, Fingerprint, IdempotencyKey, SavedResponse, StoreError,

@@ -10,7 +10,7 @@ use crate::engine::Workload;
 use crate::recorder::Outcome;
 use futures::future::BoxFuture;
 use server::backend::OpenedStore;
-use server::config::{StoreConfig, StoreKind};
+use server::backend::{StoreConfig, StoreKind};
 use std::sync::Arc;
 use store_core::{AtomicCompletion, ClaimOutcome, CompleteWithError, Completion, IdempotencyStore, Policy};
 use store_postgres::testkit::{PostgresServer, ServerDurability};

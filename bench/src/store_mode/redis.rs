@@ -17,7 +17,7 @@ use crate::recorder::Outcome;
 use futures::future::BoxFuture;
 use redis::aio::MultiplexedConnection;
 use server::backend::OpenedStore;
-use server::config::{StoreConfig, StoreKind};
+use server::backend::{StoreConfig, StoreKind};
 use std::process::Command;
 use std::sync::Arc;
 use store_core::{ClaimOutcome, IdempotencyStore, LeaseToken, Policy};

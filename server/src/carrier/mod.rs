@@ -7,10 +7,12 @@
 //! new, the carrier hands back the label it sold the first time.
 
 pub mod client;
+pub mod config;
 pub mod retry;
 pub mod simulator;
 
 pub use client::{CarrierClient, CarrierOutcome};
+pub use config::{CarrierConfig, SimulatorConfig};
 pub use retry::CarrierRetries;
 pub use simulator::{CarrierServer, CarrierStats, ScriptStep, SimulatedFault};
 

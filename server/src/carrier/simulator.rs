@@ -18,7 +18,7 @@
 //! everything when it stops.
 
 use super::{CARRIER_LABELS_PATH, CARRIER_SCRIPT_PATH, CARRIER_STATS_PATH, CarrierLabel, CarrierLabelRequest};
-use crate::config::SimulatorConfig;
+use crate::carrier::config::SimulatorConfig;
 use crate::labels::ShippingService;
 use axum::Json;
 use axum::body::{Body, Bytes};

@@ -8,7 +8,6 @@
 
 use super::{CreateLabelRequest, Label, StoredLabel};
 use crate::admission::WorkerSeat;
-use crate::app::AppState;
 use crate::auth::Caller;
 use crate::carrier::{CarrierLabel, CarrierLabelRequest, CarrierOutcome, carrier_key};
 use crate::error::{ApiError, Outcome, Problem};
@@ -16,6 +15,7 @@ use crate::failpoints;
 use crate::idempotency::Attempt;
 use crate::metrics::LABELS_EXISTING_TOTAL;
 use crate::request_context::TraceContext;
+use crate::state::AppState;
 use crate::time::{now_ms, rfc3339_from_ms};
 use axum::Json;
 use axum::body::Bytes;

@@ -2,12 +2,12 @@
 //! is sorted (only definite answers may be saved under a caller's key).
 
 use crate::common::order_id;
+use server::carrier::SimulatorConfig;
 use server::carrier::retry::RETRY_TOKENS_MAX;
 use server::carrier::{
     CARRIER_SCRIPT_PATH, CarrierClient, CarrierLabelRequest, CarrierOutcome, CarrierRetries, CarrierServer, ScriptStep,
     SimulatedFault, read_stats,
 };
-use server::config::SimulatorConfig;
 use server::labels::ShippingService;
 use std::time::Duration;
 

@@ -3,9 +3,9 @@
 //! and order ids are fresh per test, so tests never see each other's keys.
 
 use crate::common::{ALICE, BOB, Options, TestServer, fresh_key, label_body, metric_value, order_id, purchases_for};
+use server::backend::StoreKind;
 use server::carrier::retry::CARRIER_RETRIES_MAX_DEFAULT;
 use server::carrier::{ScriptStep, SimulatedFault};
-use server::config::StoreKind;
 use std::time::Duration;
 
 /// Seed table, row 1: first run, 201 with the label and Location.

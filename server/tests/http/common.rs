@@ -3,8 +3,9 @@
 //! an HTTP client whose every reply is checked against the OpenAPI document.
 
 use serde_json::Value;
+use server::backend::StoreKind;
 use server::carrier::{CARRIER_SCRIPT_PATH, CarrierStats, ScriptStep, SimulatedFault, read_stats};
-use server::config::{Config, StoreKind};
+use server::config::Config;
 use server::{App, RunningServer};
 use std::sync::{Arc, OnceLock};
 use store_core::{SharedClock, SystemClock};

@@ -305,7 +305,7 @@ async fn log_with(server: &ServerProcess, text: &str) -> String {
 }
 
 async fn post_label(base: &str, key: &str, body: &str) -> Reply {
-    crate::process::post(base, server::config::DEMO_TOKEN, key, body).await
+    crate::process::post(base, server::auth::DEMO_TOKEN, key, body).await
 }
 
 /// FoundationDB records (the server's `foundationdb` feature, on the

@@ -2,7 +2,7 @@
 //! budget (503 request_timeout, while the idempotent work still finishes).
 
 use crate::common::{ALICE, Options, TestServer, fresh_key, label_body, order_id, purchases_for};
-use server::config::StoreKind;
+use server::backend::StoreKind;
 use std::time::{Duration, Instant};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -34,7 +34,7 @@ macro_rules! cases_on {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $case() {
-                    crate::cases::$case(server::config::StoreKind::$kind).await
+                    crate::cases::$case(server::backend::StoreKind::$kind).await
                 }
             )*
         }

@@ -4,7 +4,7 @@
 //! a query, and the sweeper purges and counts late keys.
 
 use crate::common::{ALICE, Options, TestServer, fresh_key, label_body, metric_value, order_id, purchases_for};
-use server::config::StoreKind;
+use server::backend::StoreKind;
 use std::io::Write;
 use std::path::Path;
 use std::process::{Command, Stdio};

@@ -4,7 +4,7 @@
 //! every reply of the suite (`common::assert_documented`).
 
 use crate::common::{Options, TestServer, openapi};
-use server::config::StoreKind;
+use server::backend::StoreKind;
 use std::process::Command;
 use store_core::Policy;
 use store_core::types::{RETENTION_MS_DEFAULT, TOMBSTONE_MS_DEFAULT};

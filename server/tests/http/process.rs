@@ -94,15 +94,21 @@ async fn json_log_lines_are_flat_and_carry_the_request_id() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn invalid_config_is_refused_naming_the_field() {
     let dir = tempfile::tempdir().unwrap();
-    let cases: [(&[(&str, &str)], &str); 4] = [
+    let mut cases: Vec<(&[(&str, &str)], &str)> = vec![
         (&[("IDEM__POLICY__LEASE_MS", "20000")], "policy.lease_ms"),
         (&[("IDEM__SERVER__IN_FLIGHT_MAX", "0")], "server.in_flight_max"),
-        (&[("IDEM__STORE__KIND", "foundationdb")], "--features foundationdb"),
         (
             &[("IDEM__CARRIER__SIMULATOR__LOST_REPLY_RATE", "1.5")],
             "carrier.simulator.lost_reply_rate",
         ),
     ];
+    // A kind this binary was built without names the feature that builds
+    // it in. Built with it (scripts/test, where FoundationDB is found), the
+    // kind opens and serves instead: the refusal's words are checked by
+    // backend.rs's own test then.
+    if !cfg!(feature = "foundationdb") {
+        cases.push((&[("IDEM__STORE__KIND", "foundationdb")], "--features foundationdb"));
+    }
     for (env, expected) in cases {
         let output = Command::new(env!("CARGO_BIN_EXE_server"))
             .current_dir(dir.path())

@@ -5,7 +5,8 @@
 //! bytes, so the demo digest written in upper-case hex is still the demo
 //! caller.
 
-use server::config::{Config, ConfigError, DEMO_TOKEN, token_sha256};
+use server::auth::{DEMO_TOKEN, token_sha256};
+use server::config::{Config, ConfigError};
 
 /// The field a refusal names, and the flag that accepts the risk.
 const ALLOW_FIELD: &str = "server.allow_demo_caller_on_public_address";

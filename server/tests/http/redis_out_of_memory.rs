@@ -5,7 +5,7 @@
 //! `store_unavailable` with `Retry-After`, never 500.
 
 use crate::common::{ALICE, Options, TestServer, fresh_key, label_body, order_id, purchases_for};
-use server::config::StoreKind;
+use server::backend::StoreKind;
 use store_redis::testkit::RedisServer;
 
 /// Bytes of `maxmemory` that every write exceeds.

@@ -8,8 +8,8 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
+use server::backend::StoreKind;
 use server::carrier::{CARRIER_LABELS_PATH, CarrierLabel, CarrierLabelRequest};
-use server::config::StoreKind;
 use std::sync::{Arc, Mutex};
 
 fn is_generated_id(id: &str) -> bool {

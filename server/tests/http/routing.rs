@@ -3,7 +3,7 @@
 //! details, leaving the key free.
 
 use crate::common::{ALICE, Reply, TestServer, client, fresh_key, label_body, order_id, read_documented};
-use server::config::StoreKind;
+use server::backend::StoreKind;
 
 async fn post_label_as(server: &TestServer, content_type: Option<&str>, key: &str, body: &str) -> Reply {
     let mut request = client()

@@ -3,7 +3,8 @@
 //! `server hash-token` reads the token from stdin or a file, never from the
 //! command line (where `ps` and the shell history keep it).
 
-use server::config::{Config, token_sha256};
+use server::auth::token_sha256;
+use server::config::Config;
 use std::path::Path;
 use std::process::Stdio;
 use tokio::io::AsyncWriteExt;

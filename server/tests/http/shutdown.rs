@@ -3,7 +3,7 @@
 //! their idempotent work included, stays inside the grace period.
 
 use crate::common::{ALICE, Options, TestServer, client, fresh_key, label_body, order_id};
-use server::config::StoreKind;
+use server::backend::StoreKind;
 use std::time::{Duration, Instant};
 
 const READINESS_DELAY_MS: u64 = 600;

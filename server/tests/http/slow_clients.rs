@@ -6,7 +6,7 @@
 //! served all along.
 
 use crate::common::{Options, TestServer};
-use server::config::StoreKind;
+use server::backend::StoreKind;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;

@@ -15,9 +15,9 @@
 use crate::common::{ALICE, Options, TestServer, fresh_key, label_body, order_id};
 use rustls::pki_types::ServerName;
 use rustls::pki_types::pem::PemObject;
+use server::backend::StoreKind;
+use server::carrier::SimulatorConfig;
 use server::carrier::{CarrierClient, CarrierLabelRequest, CarrierOutcome, CarrierServer};
-use server::config::SimulatorConfig;
-use server::config::StoreKind;
 use server::labels::ShippingService;
 use std::path::Path;
 use std::sync::Arc;

@@ -12,8 +12,8 @@ use crate::common::{
     ALICE, Options, Reply, TestServer, fresh_key, fresh_postgres_url, label_body, metric_value, order_id, pair,
     purchases_for,
 };
+use server::backend::StoreKind;
 use server::carrier::{ScriptStep, SimulatedFault};
-use server::config::StoreKind;
 use std::sync::Arc;
 use std::time::Duration;
 use store_redis::testkit::{RedisCluster, RedisServer, shared_cluster, shared_server};

@@ -16,7 +16,7 @@ use crate::support::{
     ALICE_ID, LabelPost, Reply, client, derived_key, label_body, metric_value, scaled, seed, unique_order_id,
 };
 use futures::StreamExt;
-use server::config::StoreKind;
+use server::backend::StoreKind;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 use store_core::{CallerId, IdempotencyKey, RecordState};

@@ -11,8 +11,8 @@ use crate::support::service::{Service, ServiceOptions};
 use crate::support::{ALICE, ALICE_ID, LabelPost, client, derived_key, label_body, scaled, seed, unique_order_id};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use server::backend::StoreKind;
 use server::config::BODY_BYTES_MAX;
-use server::config::StoreKind;
 use store_core::{CallerId, IdempotencyKey, RecordState};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 

@@ -28,8 +28,8 @@ use crate::support::{
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use server::backend::StoreKind;
 use server::carrier::{CarrierStats, read_stats};
-use server::config::StoreKind;
 use server::failpoints;
 use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};

@@ -27,8 +27,8 @@ use crate::support::{
     ALICE_ID, LabelPost, client, counters_exclusive, derived_key, label_body, metric_value, metrics_text,
     unique_order_id,
 };
-use server::config::SimulatorConfig;
-use server::config::StoreKind;
+use server::backend::StoreKind;
+use server::carrier::SimulatorConfig;
 use server::labels::{Label, ShippingService, StoredLabel};
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -10,7 +10,7 @@
 use crate::support::backends::{BackendSetup, pair};
 use crate::support::process::{ServerProcess, start_carrier, start_server};
 use crate::support::{LabelPost, callers_env, derived_key, label_body, unique_order_id};
-use server::config::StoreKind;
+use server::backend::StoreKind;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};

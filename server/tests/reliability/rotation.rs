@@ -7,9 +7,9 @@
 use crate::support::backends::{BackendSetup, pair};
 use crate::support::process::start_server;
 use crate::support::{LabelPost, client, derived_key, label_body, unique_order_id};
+use server::auth::token_sha256;
+use server::backend::StoreKind;
 use server::carrier::read_stats;
-use server::config::StoreKind;
-use server::config::token_sha256;
 
 const OLD_TOKEN: &str = "fulfilment-token-2026-11";
 const NEW_TOKEN: &str = "fulfilment-token-2026-12";

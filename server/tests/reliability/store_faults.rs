@@ -21,8 +21,8 @@ use crate::support::{
     ALICE_ID, LabelPost, Reply, callers_env, client, derived_key, label_body, metric_value, metrics_text,
     unique_order_id,
 };
+use server::backend::StoreKind;
 use server::carrier::{CarrierStats, read_stats};
-use server::config::StoreKind;
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::{Path, PathBuf};

@@ -12,8 +12,8 @@ use crate::support::backends::BackendSetup;
 use crate::support::service::{Service, ServiceOptions};
 use crate::support::{ALICE_ID, LabelPost, Reply, derived_key, label_body, scaled, unique_order_id};
 use server::admission::AdmissionConfig;
-use server::config::SimulatorConfig;
-use server::config::StoreKind;
+use server::backend::StoreKind;
+use server::carrier::SimulatorConfig;
 use std::time::{Duration, Instant};
 
 /// Requests when `IDEM_STORM_REQUESTS` is not set.

@@ -5,7 +5,7 @@
 //! `foundationdb` feature) a key prefix of the test's own on the FoundationDB
 //! cluster `FDB_CLUSTER_FILE` names, which scripts/test-foundationdb starts.
 
-use server::config::StoreKind;
+use server::backend::StoreKind;
 use std::path::PathBuf;
 use store_postgres::testkit::PostgresServer;
 use store_redis::testkit::RedisServer;

@@ -10,11 +10,14 @@ use super::{ALICE, ALICE_ID, BOB, BOB_ID};
 use server::AppState;
 use server::admission::AdmissionConfig;
 use server::auth::Callers;
+use server::auth::{CallerConfig, token_sha256};
 #[cfg(feature = "foundationdb")]
 use server::backend::OpenedStore;
+use server::backend::StoreKind;
 use server::backend::{self, OpenOptions};
+use server::carrier::SimulatorConfig;
 use server::carrier::{CarrierClient, CarrierServer};
-use server::config::{CallerConfig, Config, SimulatorConfig, StoreKind, token_sha256};
+use server::config::Config;
 use server::idempotency;
 use server::labels::LabelStore;
 use server::limits::Limits;
@@ -203,5 +206,7 @@ async fn open_stores(setup: &BackendSetup, options: &ServiceOptions) -> backend:
         clock: options.clock.clone(),
         policy: Some(options.policy),
     };
-    backend::open(&config, &open_options).await.expect("the stores open")
+    backend::open(&config.store, config.policy, &open_options)
+        .await
+        .expect("the stores open")
 }
