@@ -8,8 +8,8 @@ use crate::support::process::{ServerProcess, start_carrier, start_server};
 use crate::support::{
     ALICE, ALICE_ID, Reply, callers_env, client, derived_key, label_body, metric_value, metrics_text, unique_order_id,
 };
-use server::carrier::read_stats;
 use server::backend::StoreKind;
+use server::carrier::read_stats;
 use std::time::Duration;
 use store_core::{CallerId, IdempotencyKey, IdempotencyStore, Policy};
 use store_fdb::{EmbeddedConfig, EmbeddedStore};
