@@ -1060,7 +1060,11 @@ mod tests {
             QueuePlace::enter(&pool).expect("room").is_none(),
             "the free worker is taken"
         );
-        assert_eq!((pool.lock().free, pool.lock().held), (0, 1));
+        let (free, held) = {
+            let state = pool.lock();
+            (state.free, state.held)
+        };
+        assert_eq!((free, held), (0, 1));
         let place = QueuePlace::enter(&pool).expect("room").expect("none free: queued");
         assert_eq!(pool.lock().waiters.len(), 1);
         drop(place);

@@ -124,15 +124,18 @@ pub async fn shed_overload(State(limits): State<Limits>, mut request: Request, n
     response
 }
 
-/// Gives the request its deadline: the client's `Request-Timeout-Ms`
-/// (idem-http's [`RequestDeadline`], docs/design.md#deadlines) within the
-/// server's own budget, and answers 503 `request_timeout` when it passes.
-/// Idempotent work runs in its own task and is not cut off: it finishes and
-/// saves its answer, which the caller's retry with the same key then gets.
+/// Answers 503 `request_timeout` when the request's budget runs out: the
+/// server's `request_timeout_ms`, or sooner the client's
+/// `Request-Timeout-Ms` (docs/design.md#deadlines). Idempotent work runs in
+/// its own task and is not cut off by the server's own budget: it finishes
+/// and saves its answer, which the caller's retry with the same key then
+/// gets. Only a client that sent its deadline has one in the request
+/// ([`RequestDeadline`]), which the later steps check before they start
+/// work; either way, the work is counted as done for a client still waiting
+/// or gone ([`WORK_DONE_TOTAL`]).
 pub async fn request_timeout(State(limits): State<Limits>, mut request: Request, next: Next) -> Response {
-    let timeout = match request_timeout_ms(request.headers()) {
-        Ok(Some(client_ms)) => limits.request_timeout.min(Duration::from_millis(client_ms)),
-        Ok(None) => limits.request_timeout,
+    let client_ms = match request_timeout_ms(request.headers()) {
+        Ok(client_ms) => client_ms,
         Err(invalid) => {
             return ApiError::InvalidRequest {
                 detail: invalid.to_string(),
@@ -140,8 +143,13 @@ pub async fn request_timeout(State(limits): State<Limits>, mut request: Request,
             .into_response();
         }
     };
+    let timeout = client_ms.map_or(limits.request_timeout, |client_ms| {
+        limits.request_timeout.min(Duration::from_millis(client_ms))
+    });
     let deadline = RequestDeadline::after(tokio::time::Instant::now(), timeout);
-    request.extensions_mut().insert(deadline);
+    if client_ms.is_some() {
+        request.extensions_mut().insert(deadline);
+    }
     if let Some(slot) = request.extensions_mut().remove::<InFlightSlot>() {
         request.extensions_mut().insert(slot.counting_work(deadline));
     }

@@ -77,6 +77,7 @@ pub const PROBLEM_CODES: &[(&str, &str, u16, &[&str])] = &[
             "downstream_unavailable",
             "store_unavailable",
             "overloaded",
+            "deadline_exceeded",
             "request_timeout",
         ],
     ),
@@ -87,7 +88,12 @@ pub const PROBLEM_CODES: &[(&str, &str, u16, &[&str])] = &[
         "/v1/labels/{label_id}",
         "get",
         503,
-        &["store_unavailable", "overloaded", "request_timeout"],
+        &[
+            "store_unavailable",
+            "overloaded",
+            "deadline_exceeded",
+            "request_timeout",
+        ],
     ),
     ("/readyz", "get", 503, &["store_unavailable", "shutting_down"]),
 ];

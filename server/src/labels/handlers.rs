@@ -25,6 +25,15 @@ use idem_http::{DEADLINE_EXCEEDED_RETRY_AFTER_S, IdempotencyError, RequestDeadli
 use store_core::HeldLease;
 
 /// Create a shipping label, once per idempotency key.
+///
+/// A client may send `Request-Timeout-Ms: N`, the milliseconds it will
+/// still wait for this answer (1 to 3600000, counted from when it sends, as
+/// Envoy's `x-envoy-expected-rq-timeout-ms`). The server then starts no work
+/// past it: a request still queued for a worker, or not yet claimed, gets 503
+/// `deadline_exceeded` and leaves no record; a claimed one releases its key
+/// rather than start (or wait out) the carrier call. A malformed value is 400
+/// `invalid_request`. Without it, the server's own request timeout applies,
+/// and work it cuts off is finished and saved for the retry.
 #[utoipa::path(
     post,
     path = "/v1/labels",
@@ -34,9 +43,7 @@ use store_core::HeldLease;
         ("Idempotency-Key" = String, Header,
             description = "One key per intent, 1 to 255 printable ASCII characters, bare or as an RFC 8941 quoted string. Reuse it on every retry of the same request."),
         ("Prefer" = Option<String>, Header,
-            description = "RFC 7240. `wait=N`: if an attempt with this key is in progress, wait up to N seconds (at most the server's `prefer_wait_max_s`, 10 by default) for it to end and get its answer, instead of 409 at once. Other preferences, and a malformed `wait`, are ignored."),
-        ("Request-Timeout-Ms" = Option<u64>, Header,
-            description = "The milliseconds the client will still wait for this answer, counted from when it sends the request (1 to 3600000; as Envoy's `x-envoy-expected-rq-timeout-ms`). The server starts no work past it: a request still queued for a worker when it passes, or not yet claimed, gets 503 `deadline_exceeded` and leaves no record; one already claimed frees its key instead of starting (or waiting out) the carrier call. Without it, the server's own request timeout applies. A malformed value is 400 `invalid_request`.")
+            description = "RFC 7240. `wait=N`: if an attempt with this key is in progress, wait up to N seconds (at most the server's `prefer_wait_max_s`, 10 by default) for it to end and get its answer, instead of 409 at once. Other preferences, and a malformed `wait`, are ignored.")
     ),
     request_body(content = CreateLabelRequest, content_type = "application/json"),
     responses(
@@ -207,7 +214,7 @@ fn stored_label(lease: &HeldLease, label: Label) -> StoredLabel {
         (status = 404, description = "`not_found`: no such label, or it belongs to another caller.",
             body = Problem, content_type = "application/problem+json"),
         (status = 500, description = "`internal_error`, or `record_unreadable` (the key's stored record cannot be decoded; retrying will not help).", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "`store_unavailable`, `overloaded` or `request_timeout`.",
+        (status = 503, description = "`store_unavailable`, `overloaded`, `deadline_exceeded` (the `Request-Timeout-Ms` passed before a worker was free) or `request_timeout`.",
             body = Problem, content_type = "application/problem+json",
             headers(("Retry-After" = u64, description = "Seconds to wait before retrying.")))
     )
