@@ -205,7 +205,7 @@ bench_smoke() {
     echo "== idem-bench on FoundationDB (smoke, not a measurement)"
     report_dir="$work_dir/bench"
     mkdir "$report_dir"
-    target/debug/idem-bench store --backend foundationdb --rate 100 --duration-s 2 --warmup-s 1 \
+    "${CARGO_TARGET_DIR:-target}/debug/idem-bench" store --backend foundationdb --rate 100 --duration-s 2 --warmup-s 1 \
         --saturate-s 1 --saturate-rounds 1 --concurrency 4 --json "$report_dir/store.json"
     # Store mode exits 0 whatever its outcomes: every intent must be a first
     # run, every baseline pair committed.
@@ -221,7 +221,7 @@ PY
     # The server binary the server tests built (features foundationdb and
     # failpoints; no failpoint is set here). Exits non-zero unless the
     # audit passes.
-    target/debug/idem-bench http --store-kind foundationdb --server-bin target/debug/server \
+    "${CARGO_TARGET_DIR:-target}/debug/idem-bench" http --store-kind foundationdb --server-bin "${CARGO_TARGET_DIR:-target}/debug/server" \
         --rate 50 --duration-s 3 --warmup-s 1 --duplicate-share 0.1 \
         --carrier-latency-ms-min 0 --carrier-latency-ms-max 5 --json "$report_dir/http.json"
     echo "== idem-bench on FoundationDB: $((SECONDS - phase_started)) s"
