@@ -51,7 +51,8 @@ use tokio::time::Instant;
 /// Requests served at once. Work past it waits in the admission queue. On
 /// two cores the label route is store-bound, so a few dozen keep the store
 /// busy while bounding memory and the store's queues. With the PostgreSQL
-/// store the default is instead half its pool ([`workers_for_postgres_pool`]).
+/// store and its writes not batched, the default is instead half its pool
+/// ([`workers_for_postgres_pool`]).
 pub const ADMISSION_WORKERS_DEFAULT: usize = 64;
 pub const ADMISSION_WORKERS_MAX: usize = 10_000;
 /// Requests waiting for a worker at most; past it, refused at once.
@@ -131,8 +132,8 @@ impl AdmissionConfig {
 }
 
 /// The default workers in front of a PostgreSQL pool of `pool_size`
-/// connections: half of it. Each worker uses at most one connection at a
-/// time, and the other half is left for work coming back from a long
+/// connections whose writes are not batched: half of it. Each worker uses
+/// at most one connection at a time, and the other half is left for work coming back from a long
 /// carrier call (borrowed workers), the parcel lookups, the sweeper and the
 /// waiters' notifications, so admitted work does not queue for a
 /// connection where admission control cannot see it. Measured at 2,000/s
@@ -140,6 +141,13 @@ impl AdmissionConfig {
 /// workers collapsed (25,486 intents labelled in 30 s, 233,167 client
 /// timeouts), 16 left 130,659 client timeouts, 8 shed every excess request
 /// at once (no timeouts) in two runs of five.
+///
+/// Batched writes (the default) do not hold a connection each: a claim or
+/// a completion waits in its batcher's bounded queue, and only the
+/// batches' few lanes use connections, so the workers must instead cover
+/// the requests in flight through a batch's round trip and commit
+/// (Little's law: 2,000/s for 20 ms is 40 requests; 8 workers cap that at
+/// 400/s), and the general default applies.
 pub fn workers_for_postgres_pool(pool_size: usize) -> usize {
     (pool_size / 2).max(1)
 }

@@ -164,12 +164,15 @@ pub struct StoreConfig {
 
 impl StoreConfig {
     /// The store's own default number of admission workers, where it has
-    /// one: half the pool in front of PostgreSQL
-    /// (`admission::workers_for_postgres_pool`); the other stores keep
-    /// `AdmissionConfig::workers`'s default.
+    /// one: half the pool in front of PostgreSQL when its writes are not
+    /// batched (`admission::workers_for_postgres_pool`); batched, and on the
+    /// other stores, `AdmissionConfig::workers`'s default.
     pub fn admission_workers_default(&self) -> Option<usize> {
         match self.kind {
-            StoreKind::Postgres => Some(workers_for_postgres_pool(self.postgres.pool_size)),
+            StoreKind::Postgres if self.postgres.batch_items_max == 1 => {
+                Some(workers_for_postgres_pool(self.postgres.pool_size))
+            }
+            StoreKind::Postgres => None,
             StoreKind::Embedded | StoreKind::Redis | StoreKind::Foundationdb | StoreKind::Memory => None,
         }
     }

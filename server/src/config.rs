@@ -143,9 +143,7 @@ impl Config {
     }
 
     /// `[server.admission]` with the store's own default number of workers
-    /// where none is configured: half the pool in front of PostgreSQL
-    /// (`admission::workers_for_postgres_pool`); the other stores keep
-    /// `AdmissionConfig::workers`'s default.
+    /// where none is configured ([`StoreConfig::admission_workers_default`]).
     pub fn admission(&self) -> AdmissionConfig {
         AdmissionConfig {
             workers: self.server.admission.workers.or(self.store.admission_workers_default()),

@@ -130,22 +130,6 @@ pub fn resident_kib(pid: u32) -> Option<(u64, u64)> {
     Some((field("VmRSS:")?, field("VmHWM:")?))
 }
 
-/// Clock ticks per second in `/proc/PID/stat` (Linux's USER_HZ, 100 on
-/// every mainstream architecture).
-pub const CLOCK_TICKS_PER_S: f64 = 100.0;
-
-/// CPU time (user plus system) a process has used so far, in seconds.
-pub fn cpu_seconds(pid: u32) -> Option<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name may hold spaces and parentheses; the fields after
-    // the last ')' start with the state (field 3), so utime (field 14) and
-    // stime (field 15) are the 12th and 13th.
-    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
-    let user: f64 = fields.get(11)?.parse().ok()?;
-    let system: f64 = fields.get(12)?.parse().ok()?;
-    Some((user + system) / CLOCK_TICKS_PER_S)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -202,18 +186,6 @@ idem_http_requests_in_flight 0
         let after = label_answers(EXPOSITION);
         assert_eq!(difference(&after, &before).first_runs, 110);
         assert_eq!(difference(&after, &before).replays, 6);
-    }
-
-    #[test]
-    fn this_process_uses_cpu_time() {
-        let before = cpu_seconds(std::process::id()).unwrap();
-        let mut spin = 0u64;
-        let start = std::time::Instant::now();
-        while start.elapsed() < std::time::Duration::from_millis(50) {
-            spin = spin.wrapping_add(1);
-        }
-        assert!(spin > 0);
-        assert!(cpu_seconds(std::process::id()).unwrap() >= before);
     }
 
     #[test]

@@ -5,6 +5,7 @@ pub mod audit;
 pub mod carrier;
 pub mod cli;
 pub mod client;
+pub mod costs;
 pub mod metrics;
 pub mod overload;
 pub mod spawn;
@@ -18,6 +19,7 @@ use crate::report::{RunSummary, Table};
 use audit::{AnswerCounts, AuditInput, AuditReport, audit};
 use cli::{FulfilmentArgs, HttpArgs, KeyMode, Profile};
 use client::{ClientError, ClientSettings, FulfilmentClient, PreferWaitReport, answered_409};
+use costs::{CostMeter, ProcessCpu};
 use overload::{OverloadReport, WorkSampler, run_overload};
 use serde::{Deserialize, Serialize};
 use server::backend::StoreKind;
@@ -164,53 +166,6 @@ pub struct HttpReport {
     pub cpu: Vec<ProcessCpu>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ProcessCpu {
-    pub process: String,
-    pub cpu_s: f64,
-    pub ms_per_intent: f64,
-}
-
-/// CPU counters of the processes involved, read before and after the load.
-struct CpuMeter {
-    processes: Vec<(String, u32, f64)>,
-}
-
-impl CpuMeter {
-    fn start(server: &Server) -> Self {
-        let mut pids = vec![("idem-bench".to_owned(), std::process::id())];
-        if let Some(spawned) = &server.spawned {
-            for (number, pid) in spawned.pids().into_iter().enumerate() {
-                let name = match number {
-                    0 => "label service".to_owned(),
-                    _ => format!("label service {}", number + 1),
-                };
-                pids.push((name, pid));
-            }
-            pids.extend(spawned.carrier_pid().map(|pid| ("carrier simulator".to_owned(), pid)));
-        }
-        let processes = pids
-            .into_iter()
-            .filter_map(|(name, pid)| metrics::cpu_seconds(pid).map(|cpu| (name, pid, cpu)))
-            .collect();
-        Self { processes }
-    }
-
-    fn finish(self, intents: usize) -> Vec<ProcessCpu> {
-        self.processes
-            .into_iter()
-            .filter_map(|(process, pid, before)| {
-                let cpu_s = metrics::cpu_seconds(pid)? - before;
-                Some(ProcessCpu {
-                    process,
-                    cpu_s,
-                    ms_per_intent: cpu_s * 1_000.0 / intents.max(1) as f64,
-                })
-            })
-            .collect()
-    }
-}
-
 impl HttpReport {
     fn empty(run: &HttpRun, server: &Server) -> Self {
         Self {
@@ -290,6 +245,17 @@ impl HttpReport {
             .collect();
         if !cpu.is_empty() {
             text.push_str(&format!("cpu during the load: {}\n", cpu.join(", ")));
+        }
+        let switches: Vec<String> = self
+            .cpu
+            .iter()
+            .filter_map(|process| {
+                let per_intent = process.context_switches_per_intent?;
+                Some(format!("{} {per_intent:.1}", process.process))
+            })
+            .collect();
+        if !switches.is_empty() {
+            text.push_str(&format!("context switches per intent: {}\n", switches.join(", ")));
         }
         for problem in &self.audit.problems {
             text.push_str(&format!("PROBLEM: {problem}\n"));
@@ -393,7 +359,7 @@ pub async fn run(run: &HttpRun) -> Result<HttpReport, HttpError> {
     let client = Arc::new(FulfilmentClient::new(settings, RunIds::random())?);
     let rss = RssSampler::start(server.spawned.as_ref().and_then(SpawnedServer::pid));
     let mut report = HttpReport::empty(run, &server);
-    let cpu = CpuMeter::start(&server);
+    let cpu = CostMeter::start(server.spawned.as_ref());
     let plan = LoadPlan {
         label: format!("http {}", report.store_kind),
         ..run.plan.clone()

@@ -56,7 +56,7 @@ fn environment_overrides_reach_every_kind_of_field() {
 }
 
 #[test]
-fn admission_workers_default_to_half_the_postgres_pool_and_a_configured_number_wins() {
+fn admission_workers_default_to_half_the_postgres_pool_when_unbatched_and_a_configured_number_wins() {
     let workers = |pairs: &[(&str, &str)]| Config::load(None, env(pairs)).unwrap().admission().workers();
     assert_eq!(workers(&[]), ADMISSION_WORKERS_DEFAULT);
     let redis = [
@@ -64,18 +64,25 @@ fn admission_workers_default_to_half_the_postgres_pool_and_a_configured_number_w
         ("IDEM__STORE__REDIS__URLS", r#"["redis://127.0.0.1:7000"]"#),
     ];
     assert_eq!(workers(&redis), ADMISSION_WORKERS_DEFAULT);
-    let postgres = |extra: Option<(&'static str, &'static str)>| {
+    let postgres = |extra: &[(&'static str, &'static str)]| {
         let mut pairs = vec![
             ("IDEM__STORE__KIND", "postgres"),
             ("IDEM__STORE__POSTGRES__URL", "postgres://idem@127.0.0.1:5432/idem"),
         ];
-        pairs.extend(extra);
+        pairs.extend_from_slice(extra);
         workers(&pairs)
     };
-    assert_eq!(postgres(None), 8, "half the default pool of 16");
-    assert_eq!(postgres(Some(("IDEM__STORE__POSTGRES__POOL_SIZE", "40"))), 20);
-    assert_eq!(postgres(Some(("IDEM__STORE__POSTGRES__POOL_SIZE", "1"))), 1);
-    assert_eq!(postgres(Some(("IDEM__SERVER__ADMISSION__WORKERS", "30"))), 30);
+    assert_eq!(
+        postgres(&[]),
+        ADMISSION_WORKERS_DEFAULT,
+        "batched writes hold no connection each"
+    );
+    let unbatched = ("IDEM__STORE__POSTGRES__BATCH_ITEMS_MAX", "1");
+    assert_eq!(postgres(&[unbatched]), 8, "half the default pool of 16");
+    assert_eq!(postgres(&[unbatched, ("IDEM__STORE__POSTGRES__POOL_SIZE", "40")]), 20);
+    assert_eq!(postgres(&[unbatched, ("IDEM__STORE__POSTGRES__POOL_SIZE", "1")]), 1);
+    assert_eq!(postgres(&[unbatched, ("IDEM__SERVER__ADMISSION__WORKERS", "30")]), 30);
+    assert_eq!(postgres(&[("IDEM__SERVER__ADMISSION__WORKERS", "30")]), 30);
     assert!(refusal(&[("IDEM__SERVER__ADMISSION__WORKERS", "0")]).contains("server.admission.workers"));
 }
 
