@@ -62,8 +62,9 @@ enum Command {
     /// Delete the record of one key if, and only if, it cannot be decoded
     /// (the key answers 500 record_unreadable). Opens the store --config
     /// names; the embedded store only while no server runs on it. Exit 0:
-    /// deleted or no record; 3: the record is readable and was kept; 2: bad
-    /// input; 1: the store could not be opened or failed.
+    /// deleted or no record; 3: the record is readable (or in a newer
+    /// build's format) and was kept; 2: bad input; 1: the store could not
+    /// be opened or failed.
     #[command(group(ArgGroup::new("key_name").required(true).args(["key_sha256", "key"])))]
     ForgetUnreadableRecord {
         /// The caller id (`caller` in the log line).
@@ -236,7 +237,7 @@ async fn forget_unreadable_record(config: &Config, record: &RecordName) -> ExitC
     match server::forget::forget_unreadable_record(config, record).await {
         Ok(outcome) => {
             let report = server::forget::report(outcome, record, store_kind);
-            if outcome == ForgetOutcome::Readable {
+            if matches!(outcome, ForgetOutcome::Readable | ForgetOutcome::NewerFormat) {
                 eprintln!("server forget-unreadable-record: {report}");
                 return ExitCode::from(FORGET_REFUSED_READABLE_EXIT_CODE);
             }
