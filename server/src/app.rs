@@ -297,9 +297,14 @@ impl App {
         listener: TcpListener,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), StartupError> {
-        self.config.check_demo_caller_address(listener.local_addr()?)?;
+        self.config.check_listener_address(listener.local_addr()?)?;
         let stop = CancellationToken::new();
         let sweeper = sweeper::spawn(self.backends.records.clone(), self.config.sweeper, stop.child_token());
+        let readiness = probes::spawn_refresh(
+            self.state.clone(),
+            self.config.server.readiness_refresh(),
+            stop.child_token(),
+        );
         let (signalled, on_signal) = tokio::sync::oneshot::channel();
         tokio::spawn(async move {
             shutdown.await;

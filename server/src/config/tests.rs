@@ -290,13 +290,24 @@ fn labels_go_only_where_a_team_would_put_them() {
 }
 
 #[test]
-fn a_lease_not_longer_than_the_carrier_timeout_is_refused() {
-    let message = refusal(&[
-        ("IDEM__POLICY__LEASE_MS", "20000"),
-        ("IDEM__CARRIER__TIMEOUT_MS", "20000"),
-    ]);
-    assert!(message.contains("policy.lease_ms"), "{message}");
-    assert!(Config::load(None, env(&[("IDEM__POLICY__LEASE_MS", "20001")])).is_ok());
+fn a_lease_that_does_not_outlast_the_carrier_budget_and_its_commit_is_refused() {
+    for lease_ms in ["20000", "20001", "24999"] {
+        let message = refusal(&[
+            ("IDEM__POLICY__LEASE_MS", lease_ms),
+            ("IDEM__CARRIER__TIMEOUT_MS", "20000"),
+        ]);
+        assert!(message.contains("policy.lease_ms"), "{lease_ms}: {message}");
+        assert!(
+            message.contains("25000"),
+            "{lease_ms}: names the lease that would do: {message}"
+        );
+    }
+    assert!(Config::load(None, env(&[("IDEM__POLICY__LEASE_MS", "25000")])).is_ok());
+    // A short budget still needs the floor of the margin.
+    let short = [("IDEM__POLICY__LEASE_MS", "649"), ("IDEM__CARRIER__TIMEOUT_MS", "400")];
+    assert!(refusal(&short).contains("policy.lease_ms"));
+    let enough = [("IDEM__POLICY__LEASE_MS", "650"), ("IDEM__CARRIER__TIMEOUT_MS", "400")];
+    assert!(Config::load(None, env(&enough)).is_ok());
 }
 
 #[test]
