@@ -75,13 +75,15 @@ pub enum ApiError {
     },
     #[error("the request took longer than {limit_ms} ms; retry with the same key after {retry_after_s} s")]
     RequestTimeout { limit_ms: u64, retry_after_s: u64 },
-    /// Another request for the same parcel, under another key, is buying
-    /// its label at the carrier right now: this key's attempt bought
-    /// nothing and its lease is released, so a retry after `Retry-After`
-    /// (or one sent with `Prefer: wait`) gets the parcel's one label.
+    /// A purchase of the same parcel's label is still running at the
+    /// carrier (another key's request, or this key's earlier attempt that
+    /// gave up waiting for it): this attempt bought nothing and its lease
+    /// is released, so a retry after `Retry-After` (or one sent with
+    /// `Prefer: wait`) gets the parcel's one label.
     #[error(
-        "another request for this parcel, with another idempotency key, is buying its label now; retry with \
-         the same key after {retry_after_s} s (or send Prefer: wait) to get that label"
+        "a purchase of this parcel's label is still in progress at the carrier (a request with another \
+         idempotency key, or an earlier attempt); retry with the same key after {retry_after_s} s (or send \
+         Prefer: wait) to get that label"
     )]
     ParcelInProgress { retry_after_s: u64 },
     /// The body did not arrive within `server.body_read_timeout_ms` of the

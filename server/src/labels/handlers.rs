@@ -70,7 +70,7 @@ pub const PARCEL_IN_PROGRESS_POLL_MS: u64 = 200;
             headers(("WWW-Authenticate" = String, description = "`Bearer`"))),
         (status = 408, description = "`body_timeout`: the body did not arrive within the server's `body_read_timeout_ms` of the request's head (nothing was claimed or saved). Retry with the same key.",
             body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "`request_in_progress`: an attempt with this key holds the lease (after the granted wait, with `Prefer: wait`); or `parcel_in_progress`: another request for the same parcel, with another key, is buying its label at the carrier now (after the granted wait, with `Prefer: wait`), and this key bought nothing. Retry with the same key: the retry gets the parcel's one label.",
+        (status = 409, description = "`request_in_progress`: an attempt with this key holds the lease (after the granted wait, with `Prefer: wait`); or `parcel_in_progress`: a purchase of the same parcel's label is still in progress at the carrier (a request with another key, or an earlier attempt; after the granted wait, with `Prefer: wait`), and this attempt bought nothing. Retry with the same key: the retry gets the parcel's one label.",
             body = Problem, content_type = "application/problem+json",
             headers(
                 ("Retry-After" = u64, description = "Seconds until the lease ends, rounded up."),
@@ -161,8 +161,9 @@ pub async fn create_label(
         }
         CarrierOutcome::Rejected { status, detail } => save_rejection(attempt, status, detail).await,
         CarrierOutcome::Indeterminate { reason: IN_PROGRESS } => {
-            // Not an outage: another key's request for this parcel holds
-            // the carrier's key. Say so, with the same Retry-After.
+            // Not an outage: another purchase of this parcel (another key's
+            // request, or an earlier attempt) holds the carrier's key. Say
+            // so, with the same Retry-After.
             let answer = ApiError::ParcelInProgress {
                 retry_after_s: state.carrier_retry_after_s,
             };
