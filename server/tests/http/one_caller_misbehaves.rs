@@ -6,8 +6,7 @@
 use crate::common::{
     ALICE, BOB, callers_env, client, fresh_key, fresh_postgres_url, label_body, metric_value, order_id,
 };
-use crate::process::{post, start};
-use server::carrier::CARRIER_SCRIPT_PATH;
+use crate::process::{delay_next_carrier_call, post, start, start_carrier};
 use std::time::Duration;
 use test_support::process::ServerProcess;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -144,24 +143,13 @@ async fn a_flood_of_probes_and_scrapes_reaches_no_store() {
 async fn one_callers_waiters_cannot_hold_every_place_in_flight() {
     const WAITERS: usize = 10;
     let dir = tempfile::tempdir().unwrap();
-    let carrier_env = [
-        ("IDEM__CARRIER__SIMULATOR__LATENCY_MS_MIN", "0".to_owned()),
-        ("IDEM__CARRIER__SIMULATOR__LATENCY_MS_MAX", "0".to_owned()),
-    ];
-    let carrier = start(&["carrier", "--listen", "127.0.0.1:0"], &carrier_env, dir.path()).await;
+    let carrier = start_carrier(dir.path()).await;
     let env = [
         ("IDEM__SERVER__IN_FLIGHT_MAX", "8".to_owned()),
         ("IDEM__CARRIER__URL", carrier.url.clone()),
     ];
     let server = server_with(dir.path(), &env).await;
-    let script = serde_json::json!({ "steps": [{ "delay_ms": 4000 }] });
-    let scripted = client()
-        .post(format!("{}{CARRIER_SCRIPT_PATH}", carrier.url))
-        .json(&script)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(scripted.status(), 204);
+    delay_next_carrier_call(&carrier.url, 4_000).await;
     let (key, body) = (fresh_key(), label_body(order_id(), 1));
     let holder = {
         let (url, key, body) = (server.url.clone(), key.clone(), body.clone());

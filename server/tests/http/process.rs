@@ -21,6 +21,28 @@ pub(crate) async fn start(args: &[&str], env: &[(&str, String)], dir: &Path) -> 
         .unwrap_or_else(|error| panic!("the server process: {error}"))
 }
 
+/// The carrier simulator as a process of its own, answering at once; it
+/// outlives any server started against it.
+pub(crate) async fn start_carrier(dir: &Path) -> ServerProcess {
+    let env = [
+        ("IDEM__CARRIER__SIMULATOR__LATENCY_MS_MIN", "0".to_owned()),
+        ("IDEM__CARRIER__SIMULATOR__LATENCY_MS_MAX", "0".to_owned()),
+    ];
+    start(&["carrier", "--listen", "127.0.0.1:0"], &env, dir).await
+}
+
+/// Makes the carrier process's next call answer after `delay_ms`.
+pub(crate) async fn delay_next_carrier_call(carrier_url: &str, delay_ms: u64) {
+    let script = serde_json::json!({ "steps": [{ "delay_ms": delay_ms }] });
+    let scripted = client()
+        .post(format!("{carrier_url}{CARRIER_SCRIPT_PATH}"))
+        .json(&script)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(scripted.status(), 204);
+}
+
 /// `POST /v1/labels` to a server process, checked against the document.
 pub(crate) async fn post(base: &str, token: &str, key: &str, body: &str) -> Reply {
     let response = client()
@@ -150,11 +172,7 @@ async fn carrier_stats(carrier: &str) -> CarrierStats {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crash_mid_purchase_ends_with_one_label_after_restart() {
     let dir = tempfile::tempdir().unwrap();
-    let carrier_env = [
-        ("IDEM__CARRIER__SIMULATOR__LATENCY_MS_MIN", "0".to_owned()),
-        ("IDEM__CARRIER__SIMULATOR__LATENCY_MS_MAX", "0".to_owned()),
-    ];
-    let carrier = start(&["carrier", "--listen", "127.0.0.1:0"], &carrier_env, dir.path()).await;
+    let carrier = start_carrier(dir.path()).await;
     let server_env = [
         ("IDEM__SERVER__LISTEN", "127.0.0.1:0".to_owned()),
         ("IDEM__CALLERS", callers_env()),
@@ -163,14 +181,7 @@ async fn a_crash_mid_purchase_ends_with_one_label_after_restart() {
         ("IDEM__CARRIER__URL", carrier.url.clone()),
     ];
     let first = start(&[], &server_env, dir.path()).await;
-    let script = serde_json::json!({ "steps": [{ "delay_ms": 1000 }] });
-    let scripted = client()
-        .post(format!("{}{CARRIER_SCRIPT_PATH}", carrier.url))
-        .json(&script)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(scripted.status(), 204);
+    delay_next_carrier_call(&carrier.url, 1_000).await;
     let (key, order) = (fresh_key(), order_id());
     let body = label_body(order, 1);
     let impatient = reqwest::Client::builder()
