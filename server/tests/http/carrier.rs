@@ -1,7 +1,7 @@
 //! The carrier client against the real simulator: how every kind of answer
 //! is sorted (only definite answers may be saved under a caller's key).
 
-use crate::common::{ALICE, TestServer, fresh_key, label_body, order_id, purchases_for};
+use crate::common::{ALICE, Options, TestServer, fresh_key, label_body, order_id, purchases_for};
 use server::backend::StoreKind;
 use server::carrier::SimulatorConfig;
 use server::carrier::retry::RETRY_TOKENS_MAX;
@@ -9,6 +9,7 @@ use server::carrier::{
     CARRIER_SCRIPT_PATH, CarrierClient, CarrierLabelRequest, CarrierOutcome, CarrierRetries, CarrierServer, ScriptStep,
     SimulatedFault, read_stats,
 };
+use server::failpoints::AFTER_CLAIM;
 use server::labels::ShippingService;
 use std::time::Duration;
 
@@ -315,4 +316,47 @@ async fn another_key_for_a_parcel_being_bought_gets_409_or_waits_for_its_label()
     assert_eq!((retried.status, retried.label_id()), (201, first.label_id()));
     assert_eq!(purchases_for(&server.carrier_stats().await, order), 1);
     server.shutdown().await;
+}
+
+/// The carrier budget counts from the claim, not from the call, so the
+/// call ends while the lease holds: with the steps between claim and call
+/// stalled for 800 ms of a 1,000 ms budget, a carrier that answers in
+/// 600 ms is past it. The call is cut at the claim's budget (503, the key
+/// released), and the retry gets the label the carrier sold, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_carrier_budget_counts_from_the_claim() {
+    let options = Options {
+        lease_ms: 1_500,
+        carrier_timeout_ms: 1_000,
+        ..Options::default()
+    };
+    let test_server = TestServer::start_with(StoreKind::Embedded, options).await;
+    test_server.delay_next_carrier_call(600).await;
+    let (key, order) = (fresh_key(), order_id());
+    let body = label_body(order, 1);
+    fail::cfg(AFTER_CLAIM, "return(800)").unwrap();
+    let first = test_server.post_label(Some(ALICE), Some(&key), &body).await;
+    fail::remove(AFTER_CLAIM);
+    assert_eq!(
+        (first.status, first.problem_code().as_str()),
+        (503, "downstream_unavailable"),
+        "{}",
+        first.text()
+    );
+    let mut retried = None;
+    for _ in 0..20 {
+        let reply = test_server.post_label(Some(ALICE), Some(&key), &body).await;
+        if reply.status == 201 {
+            retried = Some(reply);
+            break;
+        }
+        assert_eq!(
+            (reply.status, reply.problem_code().as_str()),
+            (409, "parcel_in_progress")
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(retried.is_some(), "the retry gets the label the carrier sold");
+    assert_eq!(purchases_for(&test_server.carrier_stats().await, order), 1);
+    test_server.shutdown().await;
 }
