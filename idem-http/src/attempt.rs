@@ -34,6 +34,9 @@ pub struct Attempt {
     lease: HeldLease,
     fingerprint: Fingerprint,
     takeover: bool,
+    /// When the claim answered: the lease runs from about then, so work
+    /// that must end inside it counts its budget from here.
+    claimed_at: tokio::time::Instant,
     /// Set by whichever method finished the attempt; checked on drop.
     finished: bool,
 }
@@ -45,8 +48,17 @@ impl Attempt {
             lease: acquired.lease,
             fingerprint,
             takeover: acquired.takeover,
+            claimed_at: tokio::time::Instant::now(),
             finished: false,
         }
+    }
+
+    /// When the claim that acquired the lease answered. A route that must
+    /// finish inside the lease (a call to another service) counts its
+    /// budget from here, so the steps between the claim and the call (a
+    /// wait for a worker after `Prefer: wait`, a lookup) are inside it.
+    pub fn claimed_at(&self) -> tokio::time::Instant {
+        self.claimed_at
     }
 
     /// The lease this attempt holds (caller, key, fencing token).

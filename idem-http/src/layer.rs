@@ -320,8 +320,14 @@ pub const BODY_DRAIN_BYTES_MAX: usize = 1024 * 1024;
 /// Longest time spent draining an oversized body.
 pub const BODY_DRAIN_MS_MAX: u64 = 1_000;
 
-/// Reads the whole body, refusing more than `limit` bytes with 413.
-async fn read_body(headers: &HeaderMap, mut body: Body, limit: usize) -> Result<axum::body::Bytes, IdempotencyError> {
+/// Reads the whole body, refusing more than `limit` bytes with 413. The
+/// layer's own step 3; public for an application that reads the body
+/// earlier, under a deadline of its own, and hands the layer the bytes.
+pub async fn read_body(
+    headers: &HeaderMap,
+    mut body: Body,
+    limit: usize,
+) -> Result<axum::body::Bytes, IdempotencyError> {
     let too_large = IdempotencyError::PayloadTooLarge { limit_bytes: limit };
     let declared = headers
         .get(header::CONTENT_LENGTH)

@@ -96,6 +96,7 @@ pub use idempotency::{
 };
 pub use layer::{
     BODY_DRAIN_BYTES_MAX, BODY_DRAIN_MS_MAX, DEADLINE_EXCEEDED_RETRY_AFTER_S, IdempotencyLayer, IdempotencyService,
+    read_body,
 };
 pub use policy::{Disposition, FinishPolicy, REFUSED_BEFORE_RUNNING_STATUSES, TRANSIENT_STATUSES};
 pub use prefer::{PREFER_HEADER, PREFERENCE_APPLIED_HEADER, prefer_wait_seconds};

@@ -10,6 +10,7 @@ use crate::admission::admit;
 use crate::auth::{Callers, require_caller};
 use crate::auth::{DEMO_CALLER_ID, DEMO_TOKEN};
 use crate::backend::{self, BackendError, Backends, OpenOptions};
+use crate::body_read::{BodyRead, read_body_first};
 use crate::carrier::{CarrierClient, CarrierServer};
 use crate::config::{BODY_BYTES_MAX, Config, ConfigError};
 use crate::connections::{ConnectionLimits, serve_connections};
@@ -20,7 +21,8 @@ use crate::limits::{Limits, request_timeout, shed_overload};
 use crate::media_type::require_json;
 use crate::metrics::{LabelSets, WatchedAnswer, export_limits, prometheus_handle, register_at_zero};
 use crate::observe::observe;
-use crate::probes::{healthz, method_not_allowed, metrics, not_found, openapi_json, readyz};
+use crate::probes::{self, healthz, method_not_allowed, metrics, not_found, openapi_json, readyz};
+use crate::readiness::{Checked, ReadinessCell};
 use crate::request_context::request_context;
 use crate::state::AppState;
 use crate::sweeper;
@@ -63,6 +65,10 @@ pub const ROUTES: [(&str, &str); 6] = [
 /// idempotency layer. Probes, metrics and the document are open.
 pub fn router(state: AppState, callers: Callers, limits: Limits) -> Router {
     let idempotent = IdempotencyLayer::new(state.idempotency.clone(), BODY_BYTES_MAX);
+    let body_read = BodyRead {
+        timeout: limits.body_read_timeout(),
+        bytes_max: BODY_BYTES_MAX,
+    };
     let api = Router::new()
         .route(
             LABELS_ROUTE,
@@ -72,6 +78,8 @@ pub fn router(state: AppState, callers: Callers, limits: Limits) -> Router {
         // Before the layers: it must reach the routes' own method routers.
         .method_not_allowed_fallback(method_not_allowed)
         .layer(from_fn_with_state(limits.admission(), admit))
+        // Before admission: a slow body holds no worker (body_read.rs).
+        .layer(from_fn_with_state(body_read, read_body_first))
         .layer(from_fn_with_state(callers, require_caller))
         .layer(from_fn_with_state(limits.clone(), request_timeout))
         .layer(from_fn_with_state(limits, shed_overload));
@@ -231,13 +239,20 @@ impl App {
             embedded: backends.embedded.as_ref().map(|store| store.engine().clone()),
             shutting_down: CancellationToken::new(),
             policy: config.policy,
+            readiness: ReadinessCell::new(Checked::Ready),
         };
+        // The first check before serving, so a probe never sees a state
+        // nobody checked; the background task keeps it fresh from then on.
+        state
+            .readiness
+            .set(probes::check(&state, config.server.readiness_refresh()).await);
         let limits = Limits::new(
             config.server.in_flight_max,
             Duration::from_millis(config.server.request_timeout_ms),
             config.server.retry_after_s,
             &config.admission(),
-        );
+        )
+        .with_body_read_timeout(Duration::from_millis(config.server.body_read_timeout_ms));
         let app = Self {
             config,
             state,
@@ -297,9 +312,14 @@ impl App {
         listener: TcpListener,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), StartupError> {
-        self.config.check_demo_caller_address(listener.local_addr()?)?;
+        self.config.check_listener_address(listener.local_addr()?)?;
         let stop = CancellationToken::new();
         let sweeper = sweeper::spawn(self.backends.records.clone(), self.config.sweeper, stop.child_token());
+        let readiness = probes::spawn_refresh(
+            self.state.clone(),
+            self.config.server.readiness_refresh(),
+            stop.child_token(),
+        );
         let (signalled, on_signal) = tokio::sync::oneshot::channel();
         tokio::spawn(async move {
             shutdown.await;
@@ -346,6 +366,7 @@ impl App {
         }
         stop.cancel();
         let _ = sweeper.await;
+        let _ = readiness.await;
         if let Some(carrier) = self.carrier_server {
             carrier.stop().await;
         }
@@ -358,6 +379,7 @@ impl App {
         ConnectionLimits {
             header_read_timeout: Duration::from_millis(self.config.server.header_read_timeout_ms),
             connections_max: self.config.server.connections_max,
+            connections_per_peer_max: self.config.server.connections_per_peer_max(),
         }
     }
 

@@ -87,12 +87,16 @@ pub fn token_digest(hex_digest: &str) -> Option<[u8; 32]> {
 }
 
 /// True when the development caller's token is accepted, however its
-/// digest is written (the digests are compared as bytes).
+/// digest is written (the digests are compared as bytes), and whichever
+/// digest of a caller it is: a token being rotated out
+/// (`retiring_token_sha256`) is accepted as any other, so rotating away
+/// from the demo token leaves it open until its digest is removed.
 pub fn has_demo_caller(callers: &[CallerConfig]) -> bool {
     let demo: [u8; 32] = Sha256::digest(DEMO_TOKEN.as_bytes()).into();
     callers
         .iter()
-        .any(|caller| token_digest(&caller.token_sha256) == Some(demo))
+        .flat_map(CallerConfig::token_digests)
+        .any(|digest| token_digest(digest) == Some(demo))
 }
 
 /// `[[callers]]`: at least one, ids valid and distinct, every token a

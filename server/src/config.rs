@@ -136,7 +136,7 @@ impl Config {
         self.server.validate()?;
         self.server.tls.validate()?;
         validate_callers(&self.callers)?;
-        self.validate_demo_caller_address()?;
+        self.check_listener_address(self.listen_addr()?)?;
         self.carrier.validate(&self.policy)?;
         self.sweeper.validate()?;
         self.store.validate()
@@ -151,8 +151,13 @@ impl Config {
         }
     }
 
-    fn validate_demo_caller_address(&self) -> Result<(), ConfigError> {
-        self.check_demo_caller_address(self.listen_addr()?)
+    /// What only a loopback listener may serve: the development caller
+    /// (unless flagged) and the in-process carrier simulator. Checked on
+    /// `server.listen` with the config, and again on the address of the
+    /// listener the app is given (embedding code may bind its own).
+    pub fn check_listener_address(&self, address: SocketAddr) -> Result<(), ConfigError> {
+        self.check_demo_caller_address(address)?;
+        self.carrier.check_listener_address(address)
     }
 
     /// The development caller's token is public: on an address other than
@@ -169,7 +174,8 @@ impl Config {
             format!(
                 "{address} is not a loopback address, and the development caller {DEMO_CALLER_ID:?} \
                  with the public token {DEMO_TOKEN:?} is accepted: anyone could call the API. Configure \
-                 [[callers]] with your own token digests, or set this flag to true to run anyway"
+                 [[callers]] with your own token digests, the demo token's in neither token_sha256 nor \
+                 retiring_token_sha256, or set this flag to true to run anyway"
             ),
         ))
     }

@@ -11,6 +11,15 @@
 //!   slots from accept to close; with every slot taken the server stops
 //!   accepting, and new connections wait in the kernel's backlog until one
 //!   closes, instead of costing a task and a buffer each;
+//! - a **per-peer cap**: one peer address (an IPv6 peer by its /64, the
+//!   block one host is usually given) holds at most
+//!   `server.connections_per_peer_max` connections; one more is closed as
+//!   soon as it is accepted. Without it one client, opening connections
+//!   and sending nothing for the header-read timeout, takes every slot of
+//!   the cap above from everyone else, as nginx's `limit_conn` per address
+//!   and HAProxy's `conn_cur` tracking guard against. Behind a load
+//!   balancer or proxy every client shares its few addresses: raise the
+//!   cap to `connections_max` there, and let the proxy cap its clients;
 //! - with `[server.tls]`, a **TLS handshake timeout**: the handshake runs in
 //!   the connection's own task, holding its slot, and must finish within
 //!   `server.tls.handshake_timeout_ms`, or the connection is closed; then
@@ -23,13 +32,16 @@
 //! request it is serving and closes, and [`serve_connections`] returns once
 //! the last one has closed.
 
+use crate::metrics::{CONNECTIONS_OPEN, CONNECTIONS_PEER_CAP_REFUSED_TOTAL};
 use crate::tls::InboundTls;
 use axum::Router;
 use axum::body::Body;
 use hyper::body::Incoming;
 use hyper::rt::{Read, Write};
 use hyper_util::rt::{TokioIo, TokioTimer};
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv6Addr};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -49,6 +61,62 @@ pub struct ConnectionLimits {
     pub header_read_timeout: Duration,
     /// Connections open at once.
     pub connections_max: usize,
+    /// Connections open at once from one peer address (an IPv6 /64).
+    pub connections_per_peer_max: usize,
+}
+
+/// The connections each peer address holds now; an entry lives while its
+/// peer holds one, so the map is never larger than the connection cap.
+#[derive(Default)]
+struct Peers {
+    held: Mutex<HashMap<IpAddr, usize>>,
+}
+
+/// One connection's place under its peer's cap, given back on drop.
+struct PeerSlot {
+    peers: Arc<Peers>,
+    peer: IpAddr,
+}
+
+impl Peers {
+    /// A place for one more connection of `peer`, unless it holds `max`.
+    fn take(self: &Arc<Self>, peer: IpAddr, max: usize) -> Option<PeerSlot> {
+        let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
+        let count = held.entry(peer).or_insert(0);
+        if *count >= max {
+            return None;
+        }
+        *count += 1;
+        Some(PeerSlot {
+            peers: self.clone(),
+            peer,
+        })
+    }
+}
+
+impl Drop for PeerSlot {
+    fn drop(&mut self) {
+        let mut held = self.peers.held.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(count) = held.get_mut(&self.peer) {
+            *count -= 1;
+            if *count == 0 {
+                held.remove(&self.peer);
+            }
+        }
+    }
+}
+
+/// The address a peer is capped by: an IPv4 address as it is, an IPv6 one
+/// by its /64 (a host is usually given a whole /64, and can pick any
+/// address in it).
+fn peer_of(address: IpAddr) -> IpAddr {
+    match address {
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6(Ipv6Addr::from(v6.to_bits() & !u128::from(u64::MAX))),
+        },
+        v4 => v4,
+    }
 }
 
 /// Accepts and serves connections on `listener` until `draining` is
@@ -65,11 +133,20 @@ pub async fn serve_connections(
 ) {
     let connections = TaskTracker::new();
     let slots = Arc::new(Semaphore::new(limits.connections_max));
-    while let Some((stream, slot)) = next_connection(&listener, &slots, &draining).await {
+    let peers = Arc::new(Peers::default());
+    while let Some((stream, peer, slot)) = next_connection(&listener, &slots, &draining).await {
+        let Some(peer_slot) = peers.take(peer_of(peer), limits.connections_per_peer_max) else {
+            // Closed unread: the peer holds its share of the cap already.
+            metrics::counter!(CONNECTIONS_PEER_CAP_REFUSED_TOTAL).increment(1);
+            drop((stream, slot));
+            continue;
+        };
         let router = router.clone();
         let draining = draining.clone();
         let tls = tls.clone();
         connections.spawn(async move {
+            let open = metrics::gauge!(CONNECTIONS_OPEN);
+            open.increment(1.0);
             match tls {
                 None => serve_connection(TokioIo::new(stream), router, limits.header_read_timeout, draining).await,
                 Some(tls) => {
@@ -78,7 +155,8 @@ pub async fn serve_connections(
                     }
                 }
             }
-            drop(slot);
+            open.decrement(1.0);
+            drop((peer_slot, slot));
         });
     }
     connections.close();
@@ -92,7 +170,7 @@ async fn next_connection(
     listener: &TcpListener,
     slots: &Arc<Semaphore>,
     draining: &CancellationToken,
-) -> Option<(TcpStream, OwnedSemaphorePermit)> {
+) -> Option<(TcpStream, IpAddr, OwnedSemaphorePermit)> {
     let slot = tokio::select! {
         biased;
         () = draining.cancelled() => return None,
@@ -105,7 +183,7 @@ async fn next_connection(
             accepted = listener.accept() => accepted,
         };
         match accepted {
-            Ok((stream, _peer)) => return Some((stream, slot)),
+            Ok((stream, peer)) => return Some((stream, peer.ip(), slot)),
             Err(error) if is_connection_error(&error) => {
                 tracing::debug!(%error, "a connection failed before it was accepted");
             }

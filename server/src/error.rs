@@ -75,6 +75,21 @@ pub enum ApiError {
     },
     #[error("the request took longer than {limit_ms} ms; retry with the same key after {retry_after_s} s")]
     RequestTimeout { limit_ms: u64, retry_after_s: u64 },
+    /// A purchase of the same parcel's label is still running at the
+    /// carrier (another key's request, or this key's earlier attempt that
+    /// gave up waiting for it): this attempt bought nothing and its lease
+    /// is released, so a retry after `Retry-After` (or one sent with
+    /// `Prefer: wait`) gets the parcel's one label.
+    #[error(
+        "a purchase of this parcel's label is still in progress at the carrier (a request with another \
+         idempotency key, or an earlier attempt); retry with the same key after {retry_after_s} s (or send \
+         Prefer: wait) to get that label"
+    )]
+    ParcelInProgress { retry_after_s: u64 },
+    /// The body did not arrive within `server.body_read_timeout_ms` of the
+    /// request's head; nothing was claimed or saved.
+    #[error("the request body did not arrive within {limit_ms} ms; nothing was done")]
+    BodyTimeout { limit_ms: u64 },
 }
 
 /// The body of every error response (RFC 9457): idem-http's, so the
@@ -83,7 +98,7 @@ pub use idem_http::Problem;
 
 /// How many kinds of [`ApiError`] there are: the length of
 /// [`ApiError::samples`].
-pub const API_ERROR_KINDS: usize = 20;
+pub const API_ERROR_KINDS: usize = 22;
 
 impl ApiError {
     /// An internal error: `detail` is logged, never sent.
@@ -141,6 +156,8 @@ impl ApiError {
             }),
             ApiError::internal("not sent"),
             ApiError::Idempotency(IdempotencyError::DeadlineExceeded { retry_after_s: 1 }),
+            ApiError::ParcelInProgress { retry_after_s: 1 },
+            ApiError::BodyTimeout { limit_ms: 10_000 },
         ]
     }
 
@@ -158,6 +175,8 @@ impl ApiError {
             ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::UnsupportedMediaType { .. } => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::DownstreamRejected { .. } => StatusCode::BAD_GATEWAY,
+            ApiError::ParcelInProgress { .. } => StatusCode::CONFLICT,
+            ApiError::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             ApiError::DownstreamUnavailable { .. }
             | ApiError::ShuttingDown { .. }
             | ApiError::Overloaded { .. }
@@ -179,6 +198,8 @@ impl ApiError {
             ApiError::ShuttingDown { .. } => "shutting_down",
             ApiError::Overloaded { .. } => "overloaded",
             ApiError::RequestTimeout { .. } => "request_timeout",
+            ApiError::ParcelInProgress { .. } => "parcel_in_progress",
+            ApiError::BodyTimeout { .. } => "body_timeout",
         }
     }
 
@@ -204,6 +225,8 @@ impl ApiError {
             ApiError::ShuttingDown { .. } => "Shutting down",
             ApiError::Overloaded { .. } => "Overloaded",
             ApiError::RequestTimeout { .. } => "Request timeout",
+            ApiError::ParcelInProgress { .. } => "Parcel in progress",
+            ApiError::BodyTimeout { .. } => "Body timeout",
         }
     }
 
@@ -214,6 +237,7 @@ impl ApiError {
             ApiError::DownstreamUnavailable { retry_after_s }
             | ApiError::ShuttingDown { retry_after_s }
             | ApiError::Overloaded { retry_after_s, .. }
+            | ApiError::ParcelInProgress { retry_after_s }
             | ApiError::RequestTimeout { retry_after_s, .. } => Some(*retry_after_s),
             _ => None,
         }
@@ -230,6 +254,8 @@ impl ApiError {
             | ApiError::ShuttingDown { .. }
             | ApiError::Overloaded { .. }
             | ApiError::RequestTimeout { .. }
+            | ApiError::ParcelInProgress { .. }
+            | ApiError::BodyTimeout { .. }
             | ApiError::Idempotency(IdempotencyError::DeadlineExceeded { .. }) => Disposition::Release,
             _ => Disposition::Save,
         }
@@ -372,6 +398,8 @@ mod tests {
             ApiError::Idempotency(IdempotencyError::RecordUnreadable) => 17,
             ApiError::Idempotency(IdempotencyError::ResponseNotSaved { .. }) => 18,
             ApiError::Idempotency(IdempotencyError::DeadlineExceeded { .. }) => 19,
+            ApiError::ParcelInProgress { .. } => 20,
+            ApiError::BodyTimeout { .. } => 21,
             // The layer turns an unreadable body into `InvalidRequest`
             // (`From<IdempotencyError>`); it is never an `ApiError` itself.
             ApiError::Idempotency(IdempotencyError::BodyUnreadable { .. }) => usize::MAX,

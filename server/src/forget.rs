@@ -159,6 +159,11 @@ pub fn report(outcome: ForgetOutcome, record: &RecordName, store_kind: &str) -> 
              record_unreadable, and deleting it would let a retry run its work a second time. Nothing was \
              changed. Check the caller, the key and that --config names the store the server uses."
         ),
+        ForgetOutcome::NewerFormat => format!(
+            "newer_format: refusing to delete the record ({named}): it is in a format newer than this \
+             build reads, written by a newer build (a rolling upgrade), which reads it. Nothing was \
+             changed. Finish the upgrade; the newer build serves this key."
+        ),
     }
 }
 
@@ -221,7 +226,12 @@ mod tests {
     #[test]
     fn each_report_starts_with_its_outcome() {
         let record = RecordName::parse("alice", KeyNamed::Raw("k")).unwrap();
-        for outcome in [ForgetOutcome::Deleted, ForgetOutcome::NotFound, ForgetOutcome::Readable] {
+        for outcome in [
+            ForgetOutcome::Deleted,
+            ForgetOutcome::NotFound,
+            ForgetOutcome::Readable,
+            ForgetOutcome::NewerFormat,
+        ] {
             let text = report(outcome, &record, "embedded");
             assert!(text.starts_with(&format!("{}:", outcome.kind())), "{text}");
             assert!(text.contains(DIGEST_OF_K) && text.contains("alice"), "{text}");

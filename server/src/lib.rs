@@ -11,12 +11,12 @@
 //!   [`carrier`], [`sweeper`], [`backend`] `[store]`).
 //! - [`forget`]: `server forget-unreadable-record`, the operator's command for an unreadable record.
 //! - [`openapi`], [`probes`], [`connections`] (header-read timeout, connection cap, draining).
-//! - [`state`]: what every handler reads.
+//! - [`state`]: what every handler reads; [`readiness`]: the stores' readiness as last checked.
 //! - [`backend`]: the store kinds and opening the stores `store.kind` names.
 //! - [`labels`]: the label route and where labels live, per backend; [`carrier`]: the carrier client and simulator.
 //! - [`idempotency`]: the idempotency middleware (the idem-http crate's
 //!   layer and [`idempotency::Attempt`] API), configured for this service.
-//! - [`limits`], [`admission`], [`observe`], [`auth`], [`media_type`], [`sweeper`], [`instrumented`].
+//! - [`limits`], [`body_read`] (the body before admission), [`admission`], [`observe`], [`auth`], [`media_type`], [`sweeper`], [`instrumented`].
 //! - At the bottom: [`metrics`] (names, given its label sets), [`error`]
 //!   (the one API error type, RFC 9457 problem details), [`setting`] (the
 //!   configuration's refusal type), [`request_context`], [`time`],
@@ -27,6 +27,7 @@ pub mod admission;
 pub mod app;
 pub mod auth;
 pub mod backend;
+pub mod body_read;
 pub mod carrier;
 pub mod config;
 pub mod connections;
@@ -42,6 +43,7 @@ pub mod metrics;
 pub mod observe;
 pub mod openapi;
 pub mod probes;
+pub mod readiness;
 /// One redaction of secrets for the server's messages and every backend's `Debug` form (store-core's).
 pub use store_core::redact;
 pub mod request_context;

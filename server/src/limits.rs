@@ -3,6 +3,7 @@
 //! 503 `overloaded` instead of a queue), and a per-request budget.
 
 use crate::admission::{Admission, AdmissionConfig, Worker};
+use crate::body_read::BODY_READ_TIMEOUT_MS_DEFAULT;
 use crate::error::ApiError;
 use crate::metrics::WORK_DONE_TOTAL;
 use axum::extract::{Request, State};
@@ -19,6 +20,7 @@ pub struct Limits {
     request_timeout: Duration,
     retry_after_s: u64,
     admission: Admission,
+    body_read_timeout: Duration,
 }
 
 impl Limits {
@@ -33,7 +35,21 @@ impl Limits {
             request_timeout,
             retry_after_s,
             admission: Admission::new(admission),
+            body_read_timeout: Duration::from_millis(BODY_READ_TIMEOUT_MS_DEFAULT),
         }
+    }
+
+    /// The time a request's body has to arrive (`server.body_read_timeout_ms`,
+    /// `body_read.rs`); [`BODY_READ_TIMEOUT_MS_DEFAULT`] unless set here.
+    pub fn with_body_read_timeout(self, body_read_timeout: Duration) -> Self {
+        Self {
+            body_read_timeout,
+            ..self
+        }
+    }
+
+    pub fn body_read_timeout(&self) -> Duration {
+        self.body_read_timeout
     }
 
     /// The admission controller behind the cap (see `admission.rs`).

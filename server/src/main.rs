@@ -2,6 +2,7 @@
 //!
 //! ```text
 //! server [--config FILE]                           serve the Label service
+//! server --version                                 the version and the features built in
 //! server carrier --listen 127.0.0.1:9090           serve the carrier simulator
 //! server hash-token < token.txt                    print a token's SHA-256 for [[callers]]
 //! server hash-token --token-file token.txt         the same, from a file
@@ -29,8 +30,35 @@ use tracing_subscriber::EnvFilter;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// The cargo features a build may have, as `server --version` names them:
+/// packaging and operators check what a binary can do before they run it
+/// (a `store.kind` it was built without is refused at startup).
+const FEATURES_BUILT_IN: [(bool, &str); 3] = [
+    (cfg!(feature = "foundationdb"), "foundationdb"),
+    (cfg!(feature = "failpoints"), "failpoints"),
+    (cfg!(feature = "memory-store"), "memory-store"),
+];
+
+/// `server --version`: the crate's version and the features built in.
+fn version_text() -> &'static str {
+    static TEXT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    TEXT.get_or_init(|| {
+        let features: Vec<&str> = FEATURES_BUILT_IN
+            .iter()
+            .filter(|(built_in, _)| *built_in)
+            .map(|(_, name)| *name)
+            .collect();
+        let features = if features.is_empty() {
+            "none".to_owned()
+        } else {
+            features.join(", ")
+        };
+        format!("{} (features: {features})", env!("CARGO_PKG_VERSION"))
+    })
+}
+
 #[derive(Parser)]
-#[command(name = "server", about = "idem's Label service")]
+#[command(name = "server", about = "idem's Label service", version = version_text())]
 struct Cli {
     /// TOML config file; every field can also be set with IDEM__SECTION__FIELD.
     #[arg(long, global = true)]
@@ -62,8 +90,9 @@ enum Command {
     /// Delete the record of one key if, and only if, it cannot be decoded
     /// (the key answers 500 record_unreadable). Opens the store --config
     /// names; the embedded store only while no server runs on it. Exit 0:
-    /// deleted or no record; 3: the record is readable and was kept; 2: bad
-    /// input; 1: the store could not be opened or failed.
+    /// deleted or no record; 3: the record is readable (or in a newer
+    /// build's format) and was kept; 2: bad input; 1: the store could not
+    /// be opened or failed.
     #[command(group(ArgGroup::new("key_name").required(true).args(["key_sha256", "key"])))]
     ForgetUnreadableRecord {
         /// The caller id (`caller` in the log line).
@@ -236,7 +265,7 @@ async fn forget_unreadable_record(config: &Config, record: &RecordName) -> ExitC
     match server::forget::forget_unreadable_record(config, record).await {
         Ok(outcome) => {
             let report = server::forget::report(outcome, record, store_kind);
-            if outcome == ForgetOutcome::Readable {
+            if matches!(outcome, ForgetOutcome::Readable | ForgetOutcome::NewerFormat) {
                 eprintln!("server forget-unreadable-record: {report}");
                 return ExitCode::from(FORGET_REFUSED_READABLE_EXIT_CODE);
             }

@@ -70,6 +70,17 @@ pub const EMBEDDED_DISK_BYTES: &str = "idem_embedded_disk_bytes";
 /// Times the embedded store was reopened after a failed write (read at scrape).
 pub const EMBEDDED_REOPENS_TOTAL: &str = "idem_embedded_reopens_total";
 
+/// Client connections open right now.
+pub const CONNECTIONS_OPEN: &str = "idem_connections_open";
+/// Connections closed at once because their peer address already held
+/// `server.connections_per_peer_max` of them.
+pub const CONNECTIONS_PEER_CAP_REFUSED_TOTAL: &str = "idem_connections_peer_cap_refused_total";
+/// 1 while the last readiness check found the stores reachable, else 0
+/// (checked in the background; `/readyz` answers from it).
+pub const READY: &str = "idem_ready";
+/// Background readiness checks, by `result` (`ok` or `error`).
+pub const READINESS_CHECKS_TOTAL: &str = "idem_readiness_checks_total";
+
 /// Histogram buckets for every `_seconds` metric: 1 ms to 30 s.
 pub const SECONDS_BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0,
@@ -167,6 +178,16 @@ fn describe() {
         EMBEDDED_REOPENS_TOTAL,
         "Times the embedded store was reopened after a failed write or sync."
     );
+    describe_gauge!(CONNECTIONS_OPEN, "Client connections open.");
+    describe_counter!(
+        CONNECTIONS_PEER_CAP_REFUSED_TOTAL,
+        "Connections closed at once: their peer address held server.connections_per_peer_max already."
+    );
+    describe_gauge!(
+        READY,
+        "1 while the last background readiness check reached the stores, else 0."
+    );
+    describe_counter!(READINESS_CHECKS_TOTAL, "Background readiness checks, by result.");
 }
 
 /// `result` labels of a sweeper run.
@@ -219,6 +240,7 @@ pub fn register_at_zero(labels: &LabelSets) {
         RECORDS_QUARANTINED_TOTAL,
         CARRIER_RETRIES_TOTAL,
         CARRIER_RETRIES_THROTTLED_TOTAL,
+        CONNECTIONS_PEER_CAP_REFUSED_TOTAL,
     ] {
         metrics::counter!(name).increment(0);
     }

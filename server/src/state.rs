@@ -6,6 +6,7 @@
 use crate::carrier::CarrierClient;
 use crate::idempotency::Idempotency;
 use crate::labels::LabelStore;
+use crate::readiness::ReadinessCell;
 use metrics_exporter_prometheus::PrometheusHandle;
 use std::sync::Arc;
 use store_core::Policy;
@@ -25,6 +26,8 @@ pub struct AppState {
     pub embedded: Option<EmbeddedEngine>,
     /// Cancelled when shutdown begins: readiness fails from then on.
     pub shutting_down: CancellationToken,
+    /// The stores' readiness as the background check last found it.
+    pub readiness: ReadinessCell,
     /// The idempotency policy in force, which `/openapi.json` publishes.
     pub policy: Policy,
 }

@@ -21,6 +21,12 @@ use serde::{Deserialize, Serialize};
 pub const RECORD_FORMAT_VERSION: u8 = 1;
 /// The version byte written in front of every encoded saved response.
 pub const RESPONSE_FORMAT_VERSION: u8 = 1;
+/// How far above this build's format version a version byte is taken for a
+/// newer build's ([`CodecError::NewerVersion`]: kept, never deleted as
+/// unreadable). Formats change one version at a time, a few in the life of
+/// a deployment; a byte far above (a torn write, a foreign writer, the 255
+/// of a test's garbage) is corruption, so the operator can still clear it.
+pub const FORMAT_VERSIONS_AHEAD_MAX: u8 = 16;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CodecError {
@@ -28,10 +34,34 @@ pub enum CodecError {
     Empty,
     #[error("record format version {0} is not known to this build")]
     UnknownVersion(u8),
+    /// A version byte above this build's: written by a newer build (a
+    /// rolling upgrade that changed the format), so readable by that build.
+    /// Not corruption: nothing may delete it as unreadable.
+    #[error("record format version {0} is newer than this build reads; a newer build wrote it")]
+    NewerVersion(u8),
     #[error("record bytes are malformed: {0}")]
     Malformed(String),
     #[error("record breaks a limit: {0}")]
     Invalid(#[from] InvalidInput),
+}
+
+impl CodecError {
+    /// True when the bytes were written by a newer build: readable there,
+    /// so to be kept, not deleted as unreadable.
+    pub fn is_newer_format(&self) -> bool {
+        matches!(self, CodecError::NewerVersion(_))
+    }
+}
+
+/// Refuses a version byte other than `known`, telling a newer build's
+/// (at most [`FORMAT_VERSIONS_AHEAD_MAX`] above) from one no build wrote.
+fn check_version(version: u8, known: u8) -> Result<(), CodecError> {
+    let newer = known.saturating_add(1)..=known.saturating_add(FORMAT_VERSIONS_AHEAD_MAX);
+    match version {
+        _ if version == known => Ok(()),
+        _ if newer.contains(&version) => Err(CodecError::NewerVersion(version)),
+        _ => Err(CodecError::UnknownVersion(version)),
+    }
 }
 
 pub fn encode_record(record: &Record) -> Vec<u8> {
@@ -48,9 +78,7 @@ pub fn encode_record(record: &Record) -> Vec<u8> {
 /// outside input like any other.
 pub fn decode_record(bytes: &[u8]) -> Result<Record, CodecError> {
     let (&version, body) = bytes.split_first().ok_or(CodecError::Empty)?;
-    if version != RECORD_FORMAT_VERSION {
-        return Err(CodecError::UnknownVersion(version));
-    }
+    check_version(version, RECORD_FORMAT_VERSION)?;
     let (record, rest): (Record, &[u8]) =
         postcard::take_from_bytes(body).map_err(|error| CodecError::Malformed(error.to_string()))?;
     if !rest.is_empty() {
@@ -93,9 +121,7 @@ pub fn encode_response(response: &SavedResponse) -> Vec<u8> {
 /// as for any outside input.
 pub fn decode_response(bytes: &[u8]) -> Result<SavedResponse, CodecError> {
     let (&version, body) = bytes.split_first().ok_or(CodecError::Empty)?;
-    if version != RESPONSE_FORMAT_VERSION {
-        return Err(CodecError::UnknownVersion(version));
-    }
+    check_version(version, RESPONSE_FORMAT_VERSION)?;
     let (fields, rest): (ResponseIn, &[u8]) =
         postcard::take_from_bytes(body).map_err(|error| CodecError::Malformed(format!("response: {error}")))?;
     if !rest.is_empty() {
@@ -153,7 +179,8 @@ mod tests {
     #[test]
     fn damaged_responses_are_errors_not_panics() {
         assert_eq!(decode_response(&[]), Err(CodecError::Empty));
-        assert_eq!(decode_response(&[9]), Err(CodecError::UnknownVersion(9)));
+        assert_eq!(decode_response(&[0]), Err(CodecError::UnknownVersion(0)));
+        assert_eq!(decode_response(&[255]), Err(CodecError::UnknownVersion(255)));
         let fixture = RESPONSE_FIXTURE;
         assert!(matches!(
             decode_response(&fixture[..fixture.len() - 1]),
@@ -219,7 +246,7 @@ mod tests {
     #[test]
     fn unknown_versions_empty_and_trailing_bytes_are_errors() {
         assert_eq!(decode_record(&[]), Err(CodecError::Empty));
-        assert_eq!(decode_record(&[2, 0]), Err(CodecError::UnknownVersion(2)));
+        assert_eq!(decode_record(&[0, 0]), Err(CodecError::UnknownVersion(0)));
         let mut long = FIXTURE.to_vec();
         long.push(0);
         assert!(matches!(decode_record(&long), Err(CodecError::Malformed(_))));
@@ -227,6 +254,28 @@ mod tests {
             decode_record(&FIXTURE[..FIXTURE.len() - 1]),
             Err(CodecError::Malformed(_))
         ));
+    }
+
+    /// A rolling upgrade that changes the format: the next version's bytes
+    /// (here, this version's body under the next version byte) are a
+    /// newer build's record, never mistaken for corruption; a version no
+    /// build wrote still is.
+    #[test]
+    fn a_newer_format_version_is_told_from_corruption() {
+        let mut next = FIXTURE.to_vec();
+        next[0] = RECORD_FORMAT_VERSION + 1;
+        let newer = decode_record(&next).unwrap_err();
+        assert_eq!(newer, CodecError::NewerVersion(RECORD_FORMAT_VERSION + 1));
+        assert!(newer.is_newer_format());
+        let mut response = RESPONSE_FIXTURE.to_vec();
+        response[0] = RESPONSE_FORMAT_VERSION + 1;
+        assert!(decode_response(&response).unwrap_err().is_newer_format());
+        let mut far_ahead = FIXTURE.to_vec();
+        far_ahead[0] = RECORD_FORMAT_VERSION + FORMAT_VERSIONS_AHEAD_MAX + 1;
+        for corrupt in [vec![0, 0], vec![], FIXTURE[..FIXTURE.len() - 1].to_vec(), far_ahead] {
+            let error = decode_record(&corrupt).unwrap_err();
+            assert!(!error.is_newer_format(), "{corrupt:?}: {error}");
+        }
     }
 
     proptest! {

@@ -122,6 +122,10 @@ pub enum ForgetOutcome {
     /// The record decodes, so it was left unchanged: deleting a readable
     /// record would let a retry run its effect a second time.
     Readable,
+    /// The record is in a format newer than this build reads (a newer
+    /// build wrote it, during a rolling upgrade), so it was left unchanged:
+    /// it is readable there, and an unknown version is not corruption.
+    NewerFormat,
 }
 
 impl ForgetOutcome {
@@ -131,6 +135,7 @@ impl ForgetOutcome {
             ForgetOutcome::Deleted => "deleted",
             ForgetOutcome::NotFound => "not_found",
             ForgetOutcome::Readable => "readable",
+            ForgetOutcome::NewerFormat => "newer_format",
         }
     }
 }

@@ -118,7 +118,9 @@ pub trait IdempotencyStore: Send + Sync {
     /// unreadable is made in the same transaction (script, statement) as the
     /// delete, with the decoder every other call uses: a readable record is
     /// never deleted ([`ForgetOutcome::Readable`]), since a retry would then
-    /// run its effect again. Tombstones are left as they are.
+    /// run its effect again; nor is one in a format newer than this build
+    /// reads ([`ForgetOutcome::NewerFormat`]): a newer build wrote it, in a
+    /// rolling upgrade, and reads it. Tombstones are left as they are.
     ///
     /// Safe to call again: after an unknown outcome, a repeat answers
     /// [`ForgetOutcome::NotFound`] if the first call deleted the record.

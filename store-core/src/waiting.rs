@@ -5,8 +5,8 @@
 //! [`ChangeHub`] and is woken when the record may have changed. This module
 //! is the part every backend shares:
 //!
-//! - the registry of waiters, with a cap per record and per store instance
-//!   ([`WaitLimits`]); past a cap a waiter is refused at once
+//! - the registry of waiters, with a cap per record, per caller and per
+//!   store instance ([`WaitLimits`]); past a cap a waiter is refused at once
 //!   ([`WaitRefused`]), never queued;
 //! - the fan-out of one notification to every local waiter on that record
 //!   (one `tokio::sync::watch` channel per waited record);
@@ -66,6 +66,10 @@ pub const WAIT_POLL_INTERVAL_MS_MAX: u64 = 60_000;
 pub struct WaitLimits {
     waiters_per_key_max: usize,
     waiters_per_instance_max: usize,
+    /// One caller's waiters, all its keys together: without it one caller
+    /// could hold every place of the instance's cap (and whatever each
+    /// waiter holds in the application, such as an in-flight slot).
+    waiters_per_caller_max: usize,
     poll_interval_ms: u64,
 }
 
@@ -76,6 +80,8 @@ pub enum InvalidWaitLimits {
     ZeroCap,
     #[error("the per-key cap {per_key} is above the per-instance cap {per_instance}")]
     KeyCapAboveInstanceCap { per_key: usize, per_instance: usize },
+    #[error("the per-caller cap {per_caller} is above the per-instance cap {per_instance}")]
+    CallerCapAboveInstanceCap { per_caller: usize, per_instance: usize },
     #[error("the poll interval {0} ms is outside {WAIT_POLL_INTERVAL_MS_MIN}..={WAIT_POLL_INTERVAL_MS_MAX} ms")]
     PollInterval(u64),
 }
@@ -101,8 +107,31 @@ impl WaitLimits {
         Ok(Self {
             waiters_per_key_max,
             waiters_per_instance_max,
+            waiters_per_caller_max: waiters_per_instance_max,
             poll_interval_ms,
         })
+    }
+
+    /// These limits with one caller's waiters capped at `max` (by default
+    /// the per-instance cap: no cap of its own).
+    pub fn with_waiters_per_caller_max(self, max: usize) -> Result<Self, InvalidWaitLimits> {
+        if max == 0 {
+            return Err(InvalidWaitLimits::ZeroCap);
+        }
+        if max > self.waiters_per_instance_max {
+            return Err(InvalidWaitLimits::CallerCapAboveInstanceCap {
+                per_caller: max,
+                per_instance: self.waiters_per_instance_max,
+            });
+        }
+        Ok(Self {
+            waiters_per_caller_max: max,
+            ..self
+        })
+    }
+
+    pub fn waiters_per_caller_max(&self) -> usize {
+        self.waiters_per_caller_max
     }
 
     pub fn waiters_per_key_max(&self) -> usize {
@@ -123,6 +152,7 @@ impl Default for WaitLimits {
         Self {
             waiters_per_key_max: WAITERS_PER_KEY_MAX_DEFAULT,
             waiters_per_instance_max: WAITERS_PER_INSTANCE_MAX_DEFAULT,
+            waiters_per_caller_max: WAITERS_PER_INSTANCE_MAX_DEFAULT,
             poll_interval_ms: WAIT_POLL_INTERVAL_MS_DEFAULT,
         }
     }
@@ -177,6 +207,8 @@ pub enum WaitRefused {
     TooManyWaitersOnKey(usize),
     #[error("too many waiters in this instance ({0} at most)")]
     TooManyWaitersOnInstance(usize),
+    #[error("too many waiters of this caller in this instance ({0} at most)")]
+    TooManyWaitersOfCaller(usize),
     #[error("this store cannot wake waiters")]
     NotSupported,
 }
@@ -302,6 +334,8 @@ struct HubInner {
 struct HubState {
     records: HashMap<RecordId, Watched>,
     waiters: usize,
+    /// Waiters per caller; an entry lives while its caller has one.
+    callers: HashMap<CallerId, usize>,
 }
 
 /// One waited record: its channel, its local waiters, and what its source
@@ -339,6 +373,12 @@ impl HubInner {
     fn unsubscribe(&self, record: &RecordId) {
         let mut state = lock(&self.state);
         state.waiters = state.waiters.saturating_sub(1);
+        if let Some(count) = state.callers.get_mut(&record.caller) {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                state.callers.remove(&record.caller);
+            }
+        }
         let last = match state.records.get_mut(record) {
             Some(watched) => {
                 watched.waiters = watched.waiters.saturating_sub(1);
@@ -428,6 +468,10 @@ impl ChangeHub {
         if state.waiters >= limits.waiters_per_instance_max {
             return Err(WaitRefused::TooManyWaitersOnInstance(limits.waiters_per_instance_max));
         }
+        let callers_waiters = state.callers.get(&record.caller).copied().unwrap_or(0);
+        if callers_waiters >= limits.waiters_per_caller_max {
+            return Err(WaitRefused::TooManyWaitersOfCaller(limits.waiters_per_caller_max));
+        }
         let receiver = match state.records.get_mut(&record) {
             Some(watched) if watched.waiters >= limits.waiters_per_key_max => {
                 return Err(WaitRefused::TooManyWaitersOnKey(limits.waiters_per_key_max));
@@ -454,6 +498,7 @@ impl ChangeHub {
             }
         };
         state.waiters += 1;
+        *state.callers.entry(record.caller.clone()).or_insert(0) += 1;
         Ok(RecordWatch {
             hub: Arc::clone(&self.inner),
             record,
@@ -718,6 +763,33 @@ mod tests {
         drop(a1);
         assert_eq!(hub.waiters(), 2);
         let _a3 = hub.subscribe_record(record(1)).unwrap();
+    }
+
+    #[test]
+    fn one_callers_waiters_are_capped_and_another_caller_still_waits() {
+        let hub = ChangeHub::new();
+        hub.set_limits(limits(8, 8, 100).with_waiters_per_caller_max(2).unwrap());
+        let of = |caller: &str, n: u8| RecordId {
+            caller: CallerId::new(caller).unwrap(),
+            digest: KeyDigest([n; 32]),
+        };
+        let first = hub.subscribe_record(of("greedy", 1)).unwrap();
+        let _second = hub.subscribe_record(of("greedy", 2)).unwrap();
+        assert_eq!(
+            hub.subscribe_record(of("greedy", 3)).unwrap_err(),
+            WaitRefused::TooManyWaitersOfCaller(2)
+        );
+        let _other = hub.subscribe_record(of("polite", 1)).unwrap();
+        drop(first);
+        let _third = hub.subscribe_record(of("greedy", 3)).unwrap();
+        assert_eq!(hub.waiters(), 3);
+        assert_eq!(
+            limits(2, 8, 100).with_waiters_per_caller_max(9),
+            Err(InvalidWaitLimits::CallerCapAboveInstanceCap {
+                per_caller: 9,
+                per_instance: 8
+            })
+        );
     }
 
     struct CountingSource(Arc<Mutex<Vec<String>>>);

@@ -368,8 +368,10 @@ impl<E: Engine> FdbStore<E> {
             Err(TxError::Abort(StoreError::Corrupt(_))) => None,
             Err(error) => return Err(error),
         };
-        if bytes.is_some_and(|bytes| decode_record(&bytes).is_ok()) {
-            return Ok(ForgetOutcome::Readable);
+        match bytes.map(|bytes| decode_record(&bytes)) {
+            Some(Ok(_)) => return Ok(ForgetOutcome::Readable),
+            Some(Err(error)) if error.is_newer_format() => return Ok(ForgetOutcome::NewerFormat),
+            _ => {}
         }
         let (begin, end) = slot.record.range();
         tx.clear_range(&begin, &end).await?;

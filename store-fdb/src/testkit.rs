@@ -520,6 +520,48 @@ pub async fn forget_deletes_a_quarantined_record_and_only_an_unreadable_one<E: E
     assert_eq!(store.inspect(&caller, &key("chunky")).await.unwrap(), None);
 }
 
+/// A rolling upgrade that changes the record format: a record written by
+/// the newer build (here, a readable record under the next version byte)
+/// is not corruption, and forget keeps it however often it is asked; the
+/// readable record next to it is kept too, and a record no build wrote is
+/// still deleted.
+pub async fn forget_keeps_a_record_in_a_newer_format<E: Engine>(test: TestEngine<E>) {
+    let store = test.store(purge_policy_lasting_tombstones());
+    let caller = caller("forget-newer");
+    for name in ["next", "current", "garbage"] {
+        completed(&store, &caller, &key(name), done()).await;
+    }
+    let slot = store.layout().slot(&caller, key("next").digest());
+    let chunk = &store.layout().record_chunk_key(&slot, 0);
+    store
+        .engine()
+        .run(RunOptions::default(), |tx, _| async move {
+            let mut bytes = tx.get(chunk).await?.expect("the record's first chunk");
+            assert_eq!(bytes[0], store_core::codec::RECORD_FORMAT_VERSION);
+            bytes[0] = store_core::codec::RECORD_FORMAT_VERSION + 1;
+            tx.set(chunk, &bytes)?;
+            Ok(())
+        })
+        .await
+        .expect("write the record in the next format");
+    for _ in 0..2 {
+        let newer = store.forget_unreadable_record(&caller, key("next").digest()).await;
+        assert_eq!(newer.expect("forget"), ForgetOutcome::NewerFormat);
+    }
+    let claimed = store
+        .claim(&ClaimRequest::new(caller.clone(), key("next"), Fingerprint([3; 32])))
+        .await;
+    assert!(
+        matches!(&claimed, Err(StoreError::Corrupt(codec)) if codec.is_newer_format()),
+        "this build cannot serve it, and says why: {claimed:?}"
+    );
+    let current = store.forget_unreadable_record(&caller, key("current").digest()).await;
+    assert_eq!(current.expect("forget"), ForgetOutcome::Readable);
+    overwrite_with_unreadable_bytes(&store, &caller, key("garbage").digest()).await;
+    let garbage = store.forget_unreadable_record(&caller, key("garbage").digest()).await;
+    assert_eq!(garbage.expect("forget"), ForgetOutcome::Deleted);
+}
+
 /// Four records of 600 KB in one shard: a purge transaction stops reading
 /// once it has read 1 MB, so that shard takes two transactions.
 pub async fn large_records_are_purged_across_several_byte_bounded_transactions<E: Engine>(test: TestEngine<E>) {
@@ -943,6 +985,7 @@ macro_rules! store_tests {
             large_records_are_purged_across_several_byte_bounded_transactions,
             an_unreadable_record_is_quarantined_and_the_purge_goes_on,
             forget_deletes_a_quarantined_record_and_only_an_unreadable_one,
+            forget_keeps_a_record_in_a_newer_format,
             a_slow_purge_is_split_before_five_seconds,
             complete_with_runs_the_effect_once_and_never_for_a_lost_lease,
             foundationdb_limits_are_enforced_with_its_error_kinds,

@@ -14,8 +14,14 @@
 //! Each store instance keeps one subscriber connection (RESP3, its pushes
 //! on a channel of their own), opened when the first waiter arrives. One
 //! task owns it and subscribes to a record's channel when the record gets
-//! its first local waiter and unsubscribes when the last one leaves, in the
-//! order the hub asked, so a quick leave-and-return never ends unsubscribed.
+//! its first local waiter and unsubscribes when the last one leaves. What
+//! the hub asks is kept as the state it wants, not as a queue of requests
+//! ([`Subscriptions`]): at most one change per channel waits to be made,
+//! the last asked (so a quick leave-and-return never ends unsubscribed),
+//! and a change the connection already reflects is dropped. So while the
+//! connection cannot be opened (Redis down for minutes while waiters come
+//! and go), what waits is bounded by the channels subscribed and the
+//! records with waiters (which the hub caps), never by the traffic.
 //! Every confirmation of a subscription (the first, and the ones redis-rs
 //! sends again when it resubscribes after a reconnection or a slot move)
 //! wakes that record's waiters, so a change published before the
@@ -27,9 +33,10 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
 use redis::{ProtocolVersion, PushInfo, PushKind, RedisResult, TlsCertificates, Value};
-use std::sync::{Mutex, PoisonError};
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use store_core::{ChangeNotifier, ChangeSource, RecordId, WatchGuard, reconnect_delay};
-use tokio::sync::mpsc;
+use tokio::sync::{Notify, mpsc};
 use tokio::task::JoinHandle;
 
 /// The suffix of a record's change channel, after its hash tag.
@@ -51,10 +58,66 @@ pub fn record_of_channel(channel: &str) -> Option<RecordId> {
     RecordId::from_tag(tag)
 }
 
-/// A subscription the hub asked for, in order.
-enum Subscription {
-    Start(String),
-    Stop(String),
+/// The channels the hub wants the connection subscribed to, as changes
+/// still to make, and the channels it is subscribed to.
+#[derive(Default)]
+struct Wanted {
+    /// Subscribed on the connection (as the task last made it).
+    subscribed: HashSet<String>,
+    /// Changes not made yet: a channel, and whether it is to be subscribed.
+    /// Only channels whose wanted state differs from `subscribed`.
+    pending: HashMap<String, bool>,
+}
+
+/// What the hub wants, shared by the watch guards that change it and the
+/// task that makes it so.
+#[derive(Default)]
+struct Subscriptions {
+    wanted: Mutex<Wanted>,
+    /// Signalled after each change of `wanted`.
+    changed: Notify,
+}
+
+impl Subscriptions {
+    fn lock(&self) -> MutexGuard<'_, Wanted> {
+        self.wanted.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The hub wants `channel` subscribed (or not): a change to make, or
+    /// none when the connection already is (or is not).
+    fn want(&self, channel: String, subscribed: bool) {
+        let mut wanted = self.lock();
+        if wanted.subscribed.contains(&channel) == subscribed {
+            wanted.pending.remove(&channel);
+        } else {
+            wanted.pending.insert(channel, subscribed);
+        }
+        drop(wanted);
+        self.changed.notify_one();
+    }
+
+    /// A change to make now, if any.
+    fn next_change(&self) -> Option<(String, bool)> {
+        let mut wanted = self.lock();
+        let channel = wanted.pending.keys().next()?.clone();
+        wanted.pending.remove_entry(&channel)
+    }
+
+    /// The connection is now subscribed to `channel` (or not).
+    fn made(&self, channel: &str, subscribed: bool) {
+        let mut wanted = self.lock();
+        if subscribed {
+            wanted.subscribed.insert(channel.to_owned());
+        } else {
+            wanted.subscribed.remove(channel);
+        }
+    }
+
+    /// Changes waiting to be made.
+    #[cfg(test)]
+    fn pending(&self) -> usize {
+        self.lock().pending.len()
+    }
 }
 
 /// The subscriber of one store instance.
@@ -63,7 +126,8 @@ pub(crate) struct ChangeSubscriber {
     /// The store's own, so the subscriber connects over TLS as it does.
     certificates: Option<TlsCertificates>,
     prefix: String,
-    running: Mutex<Option<(mpsc::UnboundedSender<Subscription>, JoinHandle<()>)>>,
+    subscriptions: Arc<Subscriptions>,
+    running: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl ChangeSubscriber {
@@ -72,50 +136,54 @@ impl ChangeSubscriber {
             prefix: config.key_prefix.clone(),
             config,
             certificates,
+            subscriptions: Arc::default(),
             running: Mutex::new(None),
         }
     }
 
-    /// The task's inbox, starting the task if it is not running; `None`
-    /// outside a runtime (the waiters then poll).
-    fn inbox(&self, notifier: &ChangeNotifier) -> Option<mpsc::UnboundedSender<Subscription>> {
+    /// Starts the task if it is not running; false outside a runtime (the
+    /// waiters then poll).
+    fn ensure_running(&self, notifier: &ChangeNotifier) -> bool {
         let mut running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some((inbox, task)) = running.as_ref()
-            && !task.is_finished()
-        {
-            return Some(inbox.clone());
+        if running.as_ref().is_some_and(|task| !task.is_finished()) {
+            return true;
         }
-        let runtime = tokio::runtime::Handle::try_current().ok()?;
-        let (inbox, requests) = mpsc::unbounded_channel();
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return false;
+        };
         let task = runtime.spawn(subscribe_while_alive(
             self.config.clone(),
             self.certificates.clone(),
-            requests,
+            self.subscriptions.clone(),
             notifier.clone(),
         ));
-        *running = Some((inbox.clone(), task));
-        Some(inbox)
+        *running = Some(task);
+        true
+    }
+
+    /// Subscription changes waiting to be made (for tests).
+    #[cfg(test)]
+    fn pending_changes(&self) -> usize {
+        self.subscriptions.pending()
     }
 }
 
 impl ChangeSource for ChangeSubscriber {
     fn watch_record(&self, record: &RecordId, notifier: ChangeNotifier) -> WatchGuard {
         let channel = format!("{}{{{}}}{CHANGE_CHANNEL_SUFFIX}", self.prefix, record.tag());
-        let Some(inbox) = self.inbox(&notifier) else {
+        if !self.ensure_running(&notifier) {
             return WatchGuard::none();
-        };
-        // A send fails only once the task has ended; the waiters then poll.
-        let _ = inbox.send(Subscription::Start(channel.clone()));
-        WatchGuard::on_drop(move || {
-            let _ = inbox.send(Subscription::Stop(channel));
-        })
+        }
+        self.subscriptions.want(channel.clone(), true);
+        let subscriptions = self.subscriptions.clone();
+        WatchGuard::on_drop(move || subscriptions.want(channel, false))
     }
 }
 
 impl Drop for ChangeSubscriber {
     fn drop(&mut self) {
         let running = self.running.get_mut().unwrap_or_else(PoisonError::into_inner);
-        if let Some((_, task)) = running.take() {
+        if let Some(task) = running.take() {
             task.abort();
         }
     }
@@ -180,12 +248,12 @@ impl Subscriber {
     }
 }
 
-/// Opens the subscriber (again after each failure to open it), then serves
-/// the hub's requests and hands on the pushes until the store is gone.
+/// Opens the subscriber (again after each failure to open it), then makes
+/// the hub's changes and hands on the pushes until the store is gone.
 async fn subscribe_while_alive(
     config: RedisConfig,
     certificates: Option<TlsCertificates>,
-    mut requests: mpsc::UnboundedReceiver<Subscription>,
+    subscriptions: Arc<Subscriptions>,
     notifier: ChangeNotifier,
 ) {
     let (push_sender, mut pushes) = mpsc::unbounded_channel();
@@ -209,10 +277,14 @@ async fn subscribe_while_alive(
         }
     };
     loop {
+        while let Some((channel, subscribe)) = subscriptions.next_change() {
+            make(&mut subscriber, &subscriptions, &channel, subscribe, &notifier).await;
+        }
         tokio::select! {
-            request = requests.recv() => {
-                let Some(request) = request else { return };
-                serve(&mut subscriber, request, &notifier).await;
+            () = subscriptions.changed.notified() => {
+                if !notifier.is_alive() {
+                    return;
+                }
             }
             push = pushes.recv() => {
                 let Some(push) = push else { return };
@@ -224,22 +296,30 @@ async fn subscribe_while_alive(
     }
 }
 
-async fn serve(subscriber: &mut Subscriber, request: Subscription, notifier: &ChangeNotifier) {
-    match request {
-        Subscription::Start(channel) => match subscriber.start(&channel).await {
+/// Subscribes to `channel` (or unsubscribes), and records what holds.
+async fn make(
+    subscriber: &mut Subscriber,
+    subscriptions: &Subscriptions,
+    channel: &str,
+    subscribe: bool,
+    notifier: &ChangeNotifier,
+) {
+    if subscribe {
+        match subscriber.start(channel).await {
             // Subscribed: a change published before now is read now.
             Ok(()) => {
-                if let Some(record) = record_of_channel(&channel) {
+                subscriptions.made(channel, true);
+                if let Some(record) = record_of_channel(channel) {
                     notifier.notify(&record);
                 }
             }
             Err(error) => tracing::warn!(%error, "redis change subscription failed; its waiters poll"),
-        },
-        Subscription::Stop(channel) => {
-            if let Err(error) = subscriber.stop(&channel).await {
-                tracing::debug!(%error, "redis change unsubscription failed");
-            }
         }
+        return;
+    }
+    match subscriber.stop(channel).await {
+        Ok(()) => subscriptions.made(channel, false),
+        Err(error) => tracing::debug!(%error, "redis change unsubscription failed"),
     }
 }
 
@@ -264,6 +344,32 @@ fn hand_on(push: PushInfo, notifier: &ChangeNotifier) -> bool {
 mod tests {
     use super::*;
     use store_core::{CallerId, IdempotencyKey};
+
+    /// While the subscriber cannot connect, waiters that come and go leave
+    /// nothing behind: only the records waited on now have a change waiting.
+    #[tokio::test]
+    async fn changes_wait_bounded_by_the_records_waited_on_while_redis_is_down() {
+        let config = RedisConfig {
+            // Port 1: nothing listens there, so the connection never opens.
+            urls: vec!["redis://127.0.0.1:1".to_owned()],
+            ..RedisConfig::default()
+        };
+        let subscriber = ChangeSubscriber::new(config, None);
+        let hub = store_core::ChangeHub::new();
+        let caller = CallerId::new("fulfilment").unwrap();
+        for round in 0..1_000 {
+            let key = IdempotencyKey::new(&format!("label:{round}")).unwrap();
+            let guard = subscriber.watch_record(&RecordId::new(&caller, &key), hub.notifier());
+            drop(guard);
+        }
+        let held: Vec<WatchGuard> = (0..3)
+            .map(|round| {
+                let key = IdempotencyKey::new(&format!("held:{round}")).unwrap();
+                subscriber.watch_record(&RecordId::new(&caller, &key), hub.notifier())
+            })
+            .collect();
+        assert_eq!(subscriber.pending_changes(), held.len());
+    }
 
     #[test]
     fn a_channel_names_its_record_and_nothing_else_does() {

@@ -40,6 +40,8 @@ type RawFields = HashMap<Vec<u8>, Vec<u8>>;
 enum Judged {
     Absent,
     Readable,
+    /// In a format newer than this build reads: a newer build's, kept.
+    NewerFormat,
     /// The forget script's arguments that describe the unreadable record.
     Unreadable(Vec<Vec<u8>>),
 }
@@ -286,6 +288,7 @@ impl RedisStore {
         };
         match record_of_hash(fields.clone()) {
             Ok(_) => Ok(Judged::Readable),
+            Err(StoreError::Corrupt(codec)) if codec.is_newer_format() => Ok(Judged::NewerFormat),
             Err(StoreError::Corrupt(_)) => {
                 let mut args = vec![FORGET_HASH.to_vec()];
                 for (name, value) in fields {
@@ -435,6 +438,7 @@ impl IdempotencyStore for RedisStore {
             let args = match self.judge_for_forget(&keys).await? {
                 Judged::Absent => return Ok(ForgetOutcome::NotFound),
                 Judged::Readable => return Ok(ForgetOutcome::Readable),
+                Judged::NewerFormat => return Ok(ForgetOutcome::NewerFormat),
                 Judged::Unreadable(args) => args,
             };
             let mut invocation = self.scripts.forget.key(&keys.record);

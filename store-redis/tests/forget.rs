@@ -173,3 +173,37 @@ async fn an_unreadable_record_is_forgotten_on_a_cluster() {
         .unwrap();
     forget_deletes_an_unreadable_record_and_frees_its_key(&store, &caller, "k", "body").await;
 }
+
+/// A rolling upgrade that changes the saved response's format: a record
+/// whose response a newer build wrote (the next version byte) is not
+/// corruption, and forget keeps it, however often it is asked.
+#[tokio::test]
+async fn a_record_in_a_newer_format_is_kept() {
+    let server = RedisServer::start().unwrap();
+    let store = connect(server.config()).await;
+    let caller = unique_caller();
+    let request = run_once(&store, &caller, "k", 1).await;
+    let record = store.keys(&caller, &request.key).record;
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut connection = client.get_multiplexed_async_connection().await.unwrap();
+    let mut response: Vec<u8> = redis::cmd("HGET")
+        .arg(&record)
+        .arg("response")
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    assert_eq!(response[0], store_core::codec::RESPONSE_FORMAT_VERSION);
+    response[0] = store_core::codec::RESPONSE_FORMAT_VERSION + 1;
+    redis::cmd("HSET")
+        .arg(&record)
+        .arg("response")
+        .arg(response)
+        .query_async::<()>(&mut connection)
+        .await
+        .unwrap();
+    for _ in 0..2 {
+        let forgotten = store.forget_unreadable_record(&caller, request.key.digest()).await;
+        assert_eq!(forgotten.unwrap(), ForgetOutcome::NewerFormat);
+    }
+    assert_eq!(server.query::<u32>(&["EXISTS", &record]).unwrap(), 1, "kept");
+}

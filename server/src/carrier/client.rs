@@ -109,6 +109,11 @@ impl CarrierClient {
         })
     }
 
+    /// The budget of one purchase, retries included (`carrier.timeout_ms`).
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
     /// Retries calls that failed in a way a repeat may cure (a dropped
     /// connection, a 5xx) within the call's timeout: [`super::retry`].
     pub fn with_retries(mut self, retries: CarrierRetries) -> Self {

@@ -8,6 +8,7 @@ use crate::carrier::retry::{
 };
 use crate::setting::{ConfigError, RETRY_AFTER_S_DEFAULT, RETRY_AFTER_S_MAX, check_range, field_error};
 use serde::Deserialize;
+use std::net::SocketAddr;
 use store_core::Policy;
 use store_core::redact::redact_secrets;
 
@@ -17,6 +18,21 @@ pub const CARRIER_TIMEOUT_MS_DEFAULT: u64 = 20_000;
 /// Longest carrier timeout accepted.
 pub const CARRIER_TIMEOUT_MS_MAX: u64 = 10 * 60 * 1000;
 
+/// Least time the lease must hold past the carrier budget: the commit of
+/// the label and its record after the carrier's answer.
+pub const LEASE_MARGIN_MS_MIN: u64 = 250;
+
+/// The margin grows with the carrier budget, a quarter of it: a deployment
+/// that gives the carrier seconds has stores and machines whose commits can
+/// take a good part of a second when loaded (default: 20 s of carrier
+/// budget, 5 s of margin, inside the 30 s lease).
+pub const LEASE_MARGIN_TIMEOUT_DIVISOR: u64 = 4;
+
+/// Time the lease must hold past a carrier budget of `timeout_ms`.
+pub fn lease_margin_ms(timeout_ms: u64) -> u64 {
+    LEASE_MARGIN_MS_MIN.max(timeout_ms / LEASE_MARGIN_TIMEOUT_DIVISOR)
+}
+
 /// Longest simulated carrier latency accepted.
 pub const SIMULATOR_LATENCY_MS_MAX: u64 = 10 * 60 * 1000;
 
@@ -25,7 +41,8 @@ pub const SIMULATOR_LATENCY_MS_MAX: u64 = 10 * 60 * 1000;
 #[serde(deny_unknown_fields, default)]
 pub struct CarrierConfig {
     /// Base URL of the carrier (`http://127.0.0.1:9090`, `https://...`).
-    /// Empty: start the simulator in-process.
+    /// Empty: start the simulator in-process, which only a loopback
+    /// listener may serve ([`CarrierConfig::check_listener_address`]).
     pub url: String,
     /// For an `https://` carrier: trust only this PEM CA. Empty: the
     /// operating system's trust store.
@@ -75,6 +92,54 @@ impl std::fmt::Debug for CarrierConfig {
 }
 
 impl CarrierConfig {
+    /// The in-process simulator sells fake labels, and a saved answer is
+    /// its parcel's label for the whole retention (a carrier URL set later
+    /// still replays the fake one; in a fleet each instance sells its own).
+    /// So an empty `carrier.url` is for development: served only on a
+    /// loopback address, like the demo caller, and refused on any other,
+    /// naming the safe alternative.
+    pub fn check_listener_address(&self, address: SocketAddr) -> Result<(), ConfigError> {
+        if !self.url.is_empty() || address.ip().is_loopback() {
+            return Ok(());
+        }
+        Err(field_error(
+            "carrier.url",
+            format!(
+                "is empty, which sells fake labels from the in-process carrier simulator, and {address} is \
+                 not a loopback address: its clients would keep those labels as their parcels' labels. Set \
+                 carrier.url to the carrier's base URL (for a shared test carrier, run `server carrier \
+                 --listen HOST:PORT` and set carrier.url = \"http://HOST:PORT\"); the in-process simulator \
+                 serves a loopback listener only"
+            ),
+        ))
+    }
+
+    /// docs/design.md#lease-outlasts-call: an attempt must get its carrier
+    /// answer (or give up) and commit it while it still holds the lease,
+    /// or a retry takes the key over and two attempts run at once. The
+    /// carrier budget, `timeout_ms`, counts from the claim (the wait for
+    /// readmission after `Prefer: wait` and the parcel lookup are inside
+    /// it) and covers the client's retries (each ends by the same
+    /// deadline); the lease must also leave [`lease_margin_ms`] after it
+    /// for the commit.
+    pub fn check_lease_outlasts_call(&self, policy: &Policy) -> Result<(), ConfigError> {
+        let needed_ms = self.timeout_ms.saturating_add(lease_margin_ms(self.timeout_ms));
+        if policy.lease_ms() >= needed_ms {
+            return Ok(());
+        }
+        Err(field_error(
+            "policy.lease_ms",
+            format!(
+                "the lease ({} ms) must outlast carrier.timeout_ms ({} ms), which counts from the claim \
+                 and includes the carrier client's retries, by at least {} ms for the commit after it: \
+                 raise policy.lease_ms to {needed_ms} or more, or lower carrier.timeout_ms",
+                policy.lease_ms(),
+                self.timeout_ms,
+                lease_margin_ms(self.timeout_ms),
+            ),
+        ))
+    }
+
     /// How the carrier client retries a call within its request.
     pub fn retries(&self) -> CarrierRetries {
         CarrierRetries {
@@ -101,18 +166,7 @@ impl CarrierConfig {
             1,
             CARRIER_RETRY_BACKOFF_MS_MAX,
         )?;
-        // docs/design.md#lease-outlasts-call: an attempt must get its carrier answer (or give
-        // up) while it still holds the lease, or two attempts run at once.
-        if policy.lease_ms() <= carrier.timeout_ms {
-            return Err(field_error(
-                "policy.lease_ms",
-                format!(
-                    "the lease ({} ms) must be longer than carrier.timeout_ms ({} ms)",
-                    policy.lease_ms(),
-                    carrier.timeout_ms
-                ),
-            ));
-        }
+        self.check_lease_outlasts_call(policy)?;
         if !carrier.url.is_empty() && !carrier.url.starts_with("http://") && !carrier.url.starts_with("https://") {
             return Err(field_error(
                 "carrier.url",

@@ -6,7 +6,7 @@ use crate::admission::ADMISSION_WORKERS_DEFAULT;
 use crate::auth::token_sha256;
 use crate::backend::{LabelsKind, StoreKind};
 use crate::serving::{LISTEN_DEFAULT, PREFER_WAIT_WAITERS_LIMIT, PREFER_WAIT_WAITERS_PER_KEY_LIMIT};
-use store_core::waiting::{WAITERS_PER_INSTANCE_MAX_DEFAULT, WAITERS_PER_KEY_MAX_DEFAULT};
+use store_core::waiting::WAITERS_PER_KEY_MAX_DEFAULT;
 use store_postgres::SslMode;
 
 fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
@@ -120,23 +120,45 @@ fn the_waiter_caps_are_read_from_the_environment_and_bounded() {
         .server
         .prefer_wait_limits()
         .unwrap();
+    // Half the in-flight cap in the instance, a quarter of that per caller.
     assert_eq!(
-        (defaults.waiters_per_key_max(), defaults.waiters_per_instance_max()),
-        (WAITERS_PER_KEY_MAX_DEFAULT, WAITERS_PER_INSTANCE_MAX_DEFAULT)
+        (
+            defaults.waiters_per_key_max(),
+            defaults.waiters_per_instance_max(),
+            defaults.waiters_per_caller_max()
+        ),
+        (WAITERS_PER_KEY_MAX_DEFAULT, 512, 128)
+    );
+    let small = Config::load(None, env(&[("IDEM__SERVER__IN_FLIGHT_MAX", "64")])).unwrap();
+    let small = small.server.prefer_wait_limits().unwrap();
+    assert_eq!(
+        (
+            small.waiters_per_key_max(),
+            small.waiters_per_instance_max(),
+            small.waiters_per_caller_max()
+        ),
+        (32, 32, 8),
+        "the derived caps follow a smaller in-flight cap"
     );
     let configured = Config::load(
         None,
         env(&[
             ("IDEM__SERVER__PREFER_WAIT_WAITERS_PER_KEY_MAX", "2"),
             ("IDEM__SERVER__PREFER_WAIT_WAITERS_MAX", "50"),
+            ("IDEM__SERVER__PREFER_WAIT_WAITERS_PER_CALLER_MAX", "5"),
         ]),
     )
     .unwrap();
     let limits = configured.server.prefer_wait_limits().unwrap();
     assert_eq!(
-        (limits.waiters_per_key_max(), limits.waiters_per_instance_max()),
-        (2, 50)
+        (
+            limits.waiters_per_key_max(),
+            limits.waiters_per_instance_max(),
+            limits.waiters_per_caller_max()
+        ),
+        (2, 50, 5)
     );
+    let per_caller = "server.prefer_wait_waiters_per_caller_max";
     let per_key = "server.prefer_wait_waiters_per_key_max";
     let per_instance = "server.prefer_wait_waiters_max";
     let above_key_limit = (PREFER_WAIT_WAITERS_PER_KEY_LIMIT + 1).to_string();
@@ -150,9 +172,27 @@ fn the_waiter_caps_are_read_from_the_environment_and_bounded() {
                     "IDEM__SERVER__PREFER_WAIT_WAITERS_PER_KEY_MAX",
                     above_key_limit.as_str(),
                 ),
-                ("IDEM__SERVER__PREFER_WAIT_WAITERS_MAX", "100000"),
+                ("IDEM__SERVER__PREFER_WAIT_WAITERS_MAX", "99999"),
+                ("IDEM__SERVER__IN_FLIGHT_MAX", "100000"),
             ],
             per_key,
+        ),
+        // Waiters keep their in-flight places: fewer than the in-flight cap.
+        (
+            vec![
+                ("IDEM__SERVER__PREFER_WAIT_WAITERS_MAX", "64"),
+                ("IDEM__SERVER__IN_FLIGHT_MAX", "64"),
+            ],
+            per_instance,
+        ),
+        (
+            vec![("IDEM__SERVER__PREFER_WAIT_WAITERS_PER_CALLER_MAX", "0")],
+            per_caller,
+        ),
+        // More per caller than in the whole instance (512 by default).
+        (
+            vec![("IDEM__SERVER__PREFER_WAIT_WAITERS_PER_CALLER_MAX", "513")],
+            per_caller,
         ),
         (
             vec![("IDEM__SERVER__PREFER_WAIT_WAITERS_MAX", above_instance_limit.as_str())],
@@ -297,13 +337,24 @@ fn labels_go_only_where_a_team_would_put_them() {
 }
 
 #[test]
-fn a_lease_not_longer_than_the_carrier_timeout_is_refused() {
-    let message = refusal(&[
-        ("IDEM__POLICY__LEASE_MS", "20000"),
-        ("IDEM__CARRIER__TIMEOUT_MS", "20000"),
-    ]);
-    assert!(message.contains("policy.lease_ms"), "{message}");
-    assert!(Config::load(None, env(&[("IDEM__POLICY__LEASE_MS", "20001")])).is_ok());
+fn a_lease_that_does_not_outlast_the_carrier_budget_and_its_commit_is_refused() {
+    for lease_ms in ["20000", "20001", "24999"] {
+        let message = refusal(&[
+            ("IDEM__POLICY__LEASE_MS", lease_ms),
+            ("IDEM__CARRIER__TIMEOUT_MS", "20000"),
+        ]);
+        assert!(message.contains("policy.lease_ms"), "{lease_ms}: {message}");
+        assert!(
+            message.contains("25000"),
+            "{lease_ms}: names the lease that would do: {message}"
+        );
+    }
+    assert!(Config::load(None, env(&[("IDEM__POLICY__LEASE_MS", "25000")])).is_ok());
+    // A short budget still needs the floor of the margin.
+    let short = [("IDEM__POLICY__LEASE_MS", "649"), ("IDEM__CARRIER__TIMEOUT_MS", "400")];
+    assert!(refusal(&short).contains("policy.lease_ms"));
+    let enough = [("IDEM__POLICY__LEASE_MS", "650"), ("IDEM__CARRIER__TIMEOUT_MS", "400")];
+    assert!(Config::load(None, env(&enough)).is_ok());
 }
 
 #[test]
@@ -378,14 +429,8 @@ fn the_example_file_loads() {
     // The waiter caps it shows are the defaults it says they are.
     let defaults = ServerConfig::default();
     assert_eq!(
-        (
-            config.server.prefer_wait_waiters_per_key_max,
-            config.server.prefer_wait_waiters_max
-        ),
-        (
-            defaults.prefer_wait_waiters_per_key_max,
-            defaults.prefer_wait_waiters_max
-        )
+        config.server.prefer_wait_limits().unwrap(),
+        defaults.prefer_wait_limits().unwrap()
     );
 }
 

@@ -20,9 +20,19 @@ use crate::time::{now_ms, rfc3339_from_ms};
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
+use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
-use idem_http::{DEADLINE_EXCEEDED_RETRY_AFTER_S, IdempotencyError, RequestDeadline};
+use idem_http::{DEADLINE_EXCEEDED_RETRY_AFTER_S, IdempotencyError, RequestDeadline, prefer_wait_seconds};
+use std::time::Duration;
 use store_core::HeldLease;
+use tokio::time::Instant;
+
+/// Pause between two asks to the carrier while another request for the
+/// same parcel (another key) is buying it and the client asked to wait
+/// (`Prefer: wait`). The carrier answers such an ask at once (its 409 for
+/// a key in progress, or the label it sold), so a wait costs one small
+/// call per pause.
+pub const PARCEL_IN_PROGRESS_POLL_MS: u64 = 200;
 
 /// Create a shipping label, once per idempotency key.
 ///
@@ -58,7 +68,9 @@ use store_core::HeldLease;
             body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "`unauthorized`: no valid bearer token.", body = Problem, content_type = "application/problem+json",
             headers(("WWW-Authenticate" = String, description = "`Bearer`"))),
-        (status = 409, description = "`request_in_progress`: an attempt with this key holds the lease (after the granted wait, with `Prefer: wait`). Retry with the same key.",
+        (status = 408, description = "`body_timeout`: the body did not arrive within the server's `body_read_timeout_ms` of the request's head (nothing was claimed or saved). Retry with the same key.",
+            body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`request_in_progress`: an attempt with this key holds the lease (after the granted wait, with `Prefer: wait`); or `parcel_in_progress`: a purchase of the same parcel's label is still in progress at the carrier (a request with another key, or an earlier attempt; after the granted wait, with `Prefer: wait`), and this attempt bought nothing. Retry with the same key: the retry gets the parcel's one label.",
             body = Problem, content_type = "application/problem+json",
             headers(
                 ("Retry-After" = u64, description = "Seconds until the lease ends, rounded up."),
@@ -85,6 +97,7 @@ pub async fn create_label(
     trace: TraceContext,
     seat: WorkerSeat,
     deadline: Option<RequestDeadline>,
+    headers: HeaderMap,
     attempt: Attempt,
     body: Bytes,
 ) -> Response {
@@ -121,19 +134,25 @@ pub async fn create_label(
         });
         return attempt.release(answer.into_response()).await;
     }
-    let traceparent = trace.traceparent();
+    let Some(budget) = carrier_budget(&state, &attempt, deadline) else {
+        let answer = ApiError::DownstreamUnavailable {
+            retry_after_s: state.carrier_retry_after_s,
+        };
+        return attempt.release(answer.into_response()).await;
+    };
+    let purchase = Purchase {
+        carrier_key: carrier_key(&lease.caller, request.parcel()),
+        request: CarrierLabelRequest::from(&request),
+        traceparent: trace.traceparent(),
+        budget,
+        wait: prefer_wait_seconds(&headers)
+            .map(|seconds| Duration::from_secs(seconds.min(state.idempotency.wait_cap_s()))),
+    };
     // The carrier call needs neither this service's CPU nor its store: the
     // admission worker waits it out elsewhere (docs/design.md#admission).
     // It ends by the client's deadline: an unknown outcome then releases
     // the lease like any other.
-    let outcome = seat
-        .set_aside_while(state.carrier.buy_traced(
-            &carrier_key(&lease.caller, request.parcel()),
-            &CarrierLabelRequest::from(&request),
-            Some(&traceparent),
-            deadline.map(|deadline| deadline.remaining()),
-        ))
-        .await;
+    let outcome = seat.set_aside_while(purchase.buy(&state)).await;
     match outcome {
         CarrierOutcome::Purchased { label, .. } => {
             failpoints::reached(failpoints::AFTER_CARRIER).await;
@@ -141,12 +160,77 @@ pub async fn create_label(
             commit(&state, attempt, stored).await
         }
         CarrierOutcome::Rejected { status, detail } => save_rejection(attempt, status, detail).await,
+        CarrierOutcome::Indeterminate { reason: IN_PROGRESS } => {
+            // Not an outage: another purchase of this parcel (another key's
+            // request, or an earlier attempt) holds the carrier's key. Say
+            // so, with the same Retry-After.
+            let answer = ApiError::ParcelInProgress {
+                retry_after_s: state.carrier_retry_after_s,
+            };
+            attempt.release(answer.into_response()).await
+        }
         CarrierOutcome::Indeterminate { reason } => {
             tracing::warn!(caller = %lease.caller, reason, "carrier outcome unknown; releasing the lease");
             let answer = ApiError::DownstreamUnavailable {
                 retry_after_s: state.carrier_retry_after_s,
             };
             attempt.release(answer.into_response()).await
+        }
+    }
+}
+
+/// What is left of the carrier budget (`carrier.timeout_ms`), counted from
+/// the claim, so the steps since (a wait for a worker after `Prefer:
+/// wait`, the parcel lookup) are inside it and the call ends while the
+/// lease, checked at startup to outlast the budget by a margin, still
+/// holds (docs/design.md#lease-outlasts-call); never past the client's
+/// deadline. `None` when nothing is left: no call is started.
+fn carrier_budget(state: &AppState, attempt: &Attempt, deadline: Option<RequestDeadline>) -> Option<Duration> {
+    let since_claim = state.carrier.timeout().saturating_sub(attempt.claimed_at().elapsed());
+    let budget = deadline.map_or(since_claim, |deadline| since_claim.min(deadline.remaining()));
+    (!budget.is_zero()).then_some(budget)
+}
+
+/// The carrier's reason for a purchase another call with the same carrier
+/// key is making: for us, another key's request for the same parcel.
+const IN_PROGRESS: &str = "in_progress";
+
+/// One label's purchase at the carrier, within its budget.
+struct Purchase {
+    carrier_key: String,
+    request: CarrierLabelRequest,
+    traceparent: String,
+    budget: Duration,
+    /// The wait granted to `Prefer: wait`, if the client asked for one.
+    wait: Option<Duration>,
+}
+
+impl Purchase {
+    /// Buys the label. While the carrier answers that another request for
+    /// the parcel is buying it, and the client asked to wait, asks again
+    /// every [`PARCEL_IN_PROGRESS_POLL_MS`] until the granted wait or the
+    /// budget ends: the carrier's own key then hands back the label the
+    /// other request bought, as it would to a retry.
+    async fn buy(&self, state: &AppState) -> CarrierOutcome {
+        let started = Instant::now();
+        let budget_ends = started + self.budget;
+        let wait_ends = started + self.wait.unwrap_or(Duration::ZERO);
+        loop {
+            let outcome = state
+                .carrier
+                .buy_traced(
+                    &self.carrier_key,
+                    &self.request,
+                    Some(&self.traceparent),
+                    Some(budget_ends.saturating_duration_since(Instant::now())),
+                )
+                .await;
+            let next_ask = Instant::now() + Duration::from_millis(PARCEL_IN_PROGRESS_POLL_MS);
+            let in_progress = matches!(outcome, CarrierOutcome::Indeterminate { reason: IN_PROGRESS });
+            if !in_progress || next_ask >= wait_ends.min(budget_ends) {
+                return outcome;
+            }
+            tokio::time::sleep_until(next_ask).await;
         }
     }
 }

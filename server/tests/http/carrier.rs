@@ -1,13 +1,15 @@
 //! The carrier client against the real simulator: how every kind of answer
 //! is sorted (only definite answers may be saved under a caller's key).
 
-use crate::common::order_id;
+use crate::common::{ALICE, Options, TestServer, fresh_key, label_body, order_id, purchases_for};
+use server::backend::StoreKind;
 use server::carrier::SimulatorConfig;
 use server::carrier::retry::RETRY_TOKENS_MAX;
 use server::carrier::{
     CARRIER_SCRIPT_PATH, CarrierClient, CarrierLabelRequest, CarrierOutcome, CarrierRetries, CarrierServer, ScriptStep,
     SimulatedFault, read_stats,
 };
+use server::failpoints::AFTER_CLAIM;
 use server::labels::ShippingService;
 use std::time::Duration;
 
@@ -279,4 +281,82 @@ async fn time_out_together(client: &CarrierClient, count: usize, prefix: &str) -
 fn assert_all_time_out(outcomes: &[CarrierOutcome]) {
     let timeout = CarrierOutcome::Indeterminate { reason: "timeout" };
     assert!(outcomes.iter().all(|outcome| *outcome == timeout), "{outcomes:?}");
+}
+
+/// Another key for a parcel whose label is being bought right now (a
+/// second instance, or a client that made a new key) is told so: 409
+/// `parcel_in_progress` with `Retry-After`, not a carrier outage; with
+/// `Prefer: wait`, it waits for that purchase and gets the parcel's one
+/// label; and the 409's retry gets it too. The carrier sells once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_key_for_a_parcel_being_bought_gets_409_or_waits_for_its_label() {
+    let server = TestServer::start(StoreKind::Embedded).await;
+    let (order, first_key, refused_key) = (order_id(), fresh_key(), fresh_key());
+    let body = label_body(order, 1);
+    server.delay_next_carrier_call(1_500).await;
+    let (first, (refused, waited)) = tokio::join!(server.post_label(Some(ALICE), Some(&first_key), &body), async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let refused = server.post_label(Some(ALICE), Some(&refused_key), &body).await;
+        let waited = server
+            .post_label_with_headers(Some(ALICE), Some(&fresh_key()), &body, &[("prefer", "wait=5")])
+            .await;
+        (refused, waited)
+    });
+    assert_eq!(first.status, 201, "{}", first.text());
+    assert_eq!(
+        (refused.status, refused.problem_code().as_str()),
+        (409, "parcel_in_progress"),
+        "{}",
+        refused.text()
+    );
+    assert!(refused.retry_after().is_some(), "says when to retry");
+    assert_eq!(waited.status, 201, "{}", waited.text());
+    assert_eq!(waited.label_id(), first.label_id(), "the parcel's one label");
+    let retried = server.post_label(Some(ALICE), Some(&refused_key), &body).await;
+    assert_eq!((retried.status, retried.label_id()), (201, first.label_id()));
+    assert_eq!(purchases_for(&server.carrier_stats().await, order), 1);
+    server.shutdown().await;
+}
+
+/// The carrier budget counts from the claim, not from the call, so the
+/// call ends while the lease holds: with the steps between claim and call
+/// stalled for 800 ms of a 1,000 ms budget, a carrier that answers in
+/// 600 ms is past it. The call is cut at the claim's budget (503, the key
+/// released), and the retry gets the label the carrier sold, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_carrier_budget_counts_from_the_claim() {
+    let options = Options {
+        lease_ms: 1_500,
+        carrier_timeout_ms: 1_000,
+        ..Options::default()
+    };
+    let test_server = TestServer::start_with(StoreKind::Embedded, options).await;
+    test_server.delay_next_carrier_call(600).await;
+    let (key, order) = (fresh_key(), order_id());
+    let body = label_body(order, 1);
+    fail::cfg(AFTER_CLAIM, "return(800)").unwrap();
+    let first = test_server.post_label(Some(ALICE), Some(&key), &body).await;
+    fail::remove(AFTER_CLAIM);
+    assert_eq!(
+        (first.status, first.problem_code().as_str()),
+        (503, "downstream_unavailable"),
+        "{}",
+        first.text()
+    );
+    let mut retried = None;
+    for _ in 0..20 {
+        let reply = test_server.post_label(Some(ALICE), Some(&key), &body).await;
+        if reply.status == 201 {
+            retried = Some(reply);
+            break;
+        }
+        assert_eq!(
+            (reply.status, reply.problem_code().as_str()),
+            (409, "parcel_in_progress")
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(retried.is_some(), "the retry gets the label the carrier sold");
+    assert_eq!(purchases_for(&test_server.carrier_stats().await, order), 1);
+    test_server.shutdown().await;
 }

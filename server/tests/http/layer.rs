@@ -788,6 +788,8 @@ async fn a_real_redis_outage_is_503_and_recovers() {
         extra_env: vec![
             ("IDEM__STORE__REDIS__URLS".into(), format!("[\"{}\"]", redis.url())),
             ("IDEM__STORE__REDIS__RESPONSE_TIMEOUT_MS".into(), "300".into()),
+            // /readyz answers from a background check: a frequent one.
+            ("IDEM__SERVER__READINESS_REFRESH_MS".into(), "100".into()),
         ],
         ..Options::default()
     };

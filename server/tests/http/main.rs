@@ -14,6 +14,7 @@ mod forget;
 mod layer;
 mod limits;
 mod observability;
+mod one_caller_misbehaves;
 mod openapi;
 mod process;
 mod public_address;

@@ -153,6 +153,13 @@ fn the_dashboard_is_json_with_panels_on_our_metrics() {
         "idem_http_requests_in_flight_max",
         "idem_admission_shed_total",
         "idem_admission_queue_waiting",
+        "idem_connections_open",
+        "idem_connections_peer_cap_refused_total",
+        "idem_ready",
+        "idem_readiness_checks_total",
+        "idem_waiters",
+        "body_timeout",
+        "parcel_in_progress",
     ] {
         assert!(text.contains(metric), "dashboard lacks {metric}");
     }

@@ -5,6 +5,7 @@
 use crate::common::{
     ALICE, Reply, callers_env, client, fresh_key, label_body, metric_value, order_id, purchases_for, read_documented,
 };
+use server::auth::{DEMO_TOKEN, token_sha256};
 use server::carrier::{CARRIER_SCRIPT_PATH, CarrierStats, read_stats};
 use std::path::Path;
 use std::time::Duration;
@@ -18,6 +19,28 @@ pub(crate) async fn start(args: &[&str], env: &[(&str, String)], dir: &Path) -> 
     ServerProcess::start(spec)
         .await
         .unwrap_or_else(|error| panic!("the server process: {error}"))
+}
+
+/// The carrier simulator as a process of its own, answering at once; it
+/// outlives any server started against it.
+pub(crate) async fn start_carrier(dir: &Path) -> ServerProcess {
+    let env = [
+        ("IDEM__CARRIER__SIMULATOR__LATENCY_MS_MIN", "0".to_owned()),
+        ("IDEM__CARRIER__SIMULATOR__LATENCY_MS_MAX", "0".to_owned()),
+    ];
+    start(&["carrier", "--listen", "127.0.0.1:0"], &env, dir).await
+}
+
+/// Makes the carrier process's next call answer after `delay_ms`.
+pub(crate) async fn delay_next_carrier_call(carrier_url: &str, delay_ms: u64) {
+    let script = serde_json::json!({ "steps": [{ "delay_ms": delay_ms }] });
+    let scripted = client()
+        .post(format!("{carrier_url}{CARRIER_SCRIPT_PATH}"))
+        .json(&script)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(scripted.status(), 204);
 }
 
 /// `POST /v1/labels` to a server process, checked against the document.
@@ -149,11 +172,7 @@ async fn carrier_stats(carrier: &str) -> CarrierStats {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crash_mid_purchase_ends_with_one_label_after_restart() {
     let dir = tempfile::tempdir().unwrap();
-    let carrier_env = [
-        ("IDEM__CARRIER__SIMULATOR__LATENCY_MS_MIN", "0".to_owned()),
-        ("IDEM__CARRIER__SIMULATOR__LATENCY_MS_MAX", "0".to_owned()),
-    ];
-    let carrier = start(&["carrier", "--listen", "127.0.0.1:0"], &carrier_env, dir.path()).await;
+    let carrier = start_carrier(dir.path()).await;
     let server_env = [
         ("IDEM__SERVER__LISTEN", "127.0.0.1:0".to_owned()),
         ("IDEM__CALLERS", callers_env()),
@@ -162,14 +181,7 @@ async fn a_crash_mid_purchase_ends_with_one_label_after_restart() {
         ("IDEM__CARRIER__URL", carrier.url.clone()),
     ];
     let first = start(&[], &server_env, dir.path()).await;
-    let script = serde_json::json!({ "steps": [{ "delay_ms": 1000 }] });
-    let scripted = client()
-        .post(format!("{}{CARRIER_SCRIPT_PATH}", carrier.url))
-        .json(&script)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(scripted.status(), 204);
+    delay_next_carrier_call(&carrier.url, 1_000).await;
     let (key, order) = (fresh_key(), order_id());
     let body = label_body(order, 1);
     let impatient = reqwest::Client::builder()
@@ -232,4 +244,117 @@ async fn a_crash_mid_purchase_ends_with_one_label_after_restart() {
     assert!(status.success(), "{log}");
     let (status, _) = carrier.terminate().await;
     assert!(status.success());
+}
+
+/// Longest a refused start may take; a binary still running by then has
+/// started instead of refusing, and is killed.
+const REFUSAL_WAIT_MS: u64 = 20_000;
+
+/// Runs the binary with `env` until it exits: its exit code and what it
+/// printed, or `None` if it was still running after [`REFUSAL_WAIT_MS`]
+/// (it started: killed, as the refusal it should have been was not).
+async fn refusal(env: &[(&str, String)]) -> Option<(Option<i32>, String)> {
+    let dir = tempfile::tempdir().unwrap();
+    let run = Command::new(env!("CARGO_BIN_EXE_server"))
+        .current_dir(dir.path())
+        .envs(env.iter().map(|(name, value)| (*name, value.as_str())))
+        .kill_on_drop(true)
+        .output();
+    let output = tokio::time::timeout(Duration::from_millis(REFUSAL_WAIT_MS), run)
+        .await
+        .ok()?
+        .expect("run the binary");
+    let text = String::from_utf8_lossy(&output.stderr).into_owned() + &String::from_utf8_lossy(&output.stdout);
+    Some((output.status.code(), text))
+}
+
+/// Asserts `env` is refused at startup with exit code 2 and a message
+/// that names each of `words` (the setting, the safe alternative).
+async fn assert_refused_naming(env: &[(&str, String)], words: &[&str]) {
+    let Some((code, text)) = refusal(env).await else {
+        panic!("{env:?}: the server started instead of refusing");
+    };
+    assert_eq!(code, Some(2), "{env:?}: {text}");
+    for word in words {
+        assert!(text.contains(word), "{env:?}: {word:?} is not named: {text}");
+    }
+}
+
+/// `retiring_token_sha256` is accepted as any token: the documented
+/// rotation away from the demo token leaves the demo token in there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demo_token_being_rotated_out_on_a_public_address_is_refused() {
+    let callers = format!(
+        r#"[{{id = "fulfilment", token_sha256 = "{}", retiring_token_sha256 = ["{}"]}}]"#,
+        token_sha256("a-real-secret"),
+        token_sha256(DEMO_TOKEN)
+    );
+    let env = [
+        ("IDEM__SERVER__LISTEN", "0.0.0.0:0".to_owned()),
+        ("IDEM__CALLERS", callers),
+        ("IDEM__CARRIER__URL", "http://127.0.0.1:9".to_owned()),
+    ];
+    assert_refused_naming(
+        &env,
+        &[
+            "server.allow_demo_caller_on_public_address",
+            "retiring_token_sha256",
+            "[[callers]]",
+        ],
+    )
+    .await;
+}
+
+/// An empty `carrier.url` sells fake labels from the in-process simulator:
+/// on a public address that is refused, naming the URL to set instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_in_process_carrier_simulator_on_a_public_address_is_refused() {
+    let env = [
+        ("IDEM__SERVER__LISTEN", "0.0.0.0:0".to_owned()),
+        ("IDEM__CALLERS", callers_env()),
+    ];
+    assert_refused_naming(&env, &["carrier.url", "server carrier --listen", "loopback"]).await;
+}
+
+/// A lease one millisecond longer than the carrier budget leaves no time to
+/// commit the label: refused, naming the lease that would do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_that_does_not_outlast_the_carrier_budget_is_refused() {
+    let env = [
+        ("IDEM__SERVER__LISTEN", "127.0.0.1:0".to_owned()),
+        ("IDEM__CARRIER__TIMEOUT_MS", "20000".to_owned()),
+        ("IDEM__POLICY__LEASE_MS", "20001".to_owned()),
+    ];
+    assert_refused_naming(&env, &["policy.lease_ms", "carrier.timeout_ms", "25000", "retries"]).await;
+}
+
+/// `server --version` (and `-V`): the version and the features built in,
+/// for packaging and for an operator checking what a binary can do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_names_its_version_and_the_features_built_in() {
+    for flag in ["--version", "-V"] {
+        let output = Command::new(env!("CARGO_BIN_EXE_server"))
+            .arg(flag)
+            .output()
+            .await
+            .unwrap();
+        let text = String::from_utf8_lossy(&output.stdout).into_owned();
+        assert!(
+            output.status.success(),
+            "{flag}: {text}{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        assert!(text.starts_with("server "), "{flag}: {text}");
+        assert!(text.contains(env!("CARGO_PKG_VERSION")), "{flag}: {text}");
+        // The tests' build has the failpoints the crash harness needs.
+        assert!(
+            text.contains("(features: ") && text.contains("failpoints"),
+            "{flag}: {text}"
+        );
+        assert_eq!(
+            text.contains("foundationdb"),
+            cfg!(feature = "foundationdb"),
+            "{flag}: {text}"
+        );
+    }
 }

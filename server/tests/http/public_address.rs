@@ -10,6 +10,8 @@ use server::config::{Config, ConfigError};
 
 /// The field a refusal names, and the flag that accepts the risk.
 const ALLOW_FIELD: &str = "server.allow_demo_caller_on_public_address";
+/// A carrier of its own: a public address refuses the in-process simulator.
+const CARRIER_URL: &str = "http://carrier.internal:9090";
 
 fn load(pairs: &[(&str, &str)]) -> Result<Config, ConfigError> {
     Config::load(
@@ -57,6 +59,7 @@ fn the_flag_accepts_the_demo_caller_on_a_public_address() {
     let config = load(&[
         ("IDEM__SERVER__LISTEN", "0.0.0.0:8080"),
         ("IDEM__SERVER__ALLOW_DEMO_CALLER_ON_PUBLIC_ADDRESS", "true"),
+        ("IDEM__CARRIER__URL", CARRIER_URL),
     ])
     .expect("accepted by configuration");
     assert!(config.has_demo_caller());
@@ -68,7 +71,12 @@ fn loopback_and_real_callers_need_no_flag() {
         load(&[("IDEM__SERVER__LISTEN", listen)]).unwrap_or_else(|error| panic!("{listen}: {error}"));
     }
     let own = demo_caller_written_as(&token_sha256("a-real-secret"));
-    let config = load(&[("IDEM__SERVER__LISTEN", "0.0.0.0:8080"), ("IDEM__CALLERS", &own)]).expect("own callers");
+    let config = load(&[
+        ("IDEM__SERVER__LISTEN", "0.0.0.0:8080"),
+        ("IDEM__CALLERS", &own),
+        ("IDEM__CARRIER__URL", CARRIER_URL),
+    ])
+    .expect("own callers");
     assert!(!config.has_demo_caller());
 }
 

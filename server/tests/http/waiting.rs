@@ -23,6 +23,9 @@ const WAITERS: usize = 4;
 /// How long the carrier holds the first attempt: long enough for every
 /// waiter to arrive and register, short enough to keep the test quick.
 const FIRST_ATTEMPT_MS: u64 = 1_500;
+/// How long the request that takes the only worker stalls with it: past
+/// the first attempt's end, when the waiter is admitted again.
+const BLOCKER_STALL_MS: u64 = 2 * FIRST_ATTEMPT_MS;
 /// The wait every waiter asks for; far longer than the first attempt.
 const PREFER: (&str, &str) = ("prefer", "wait=5");
 /// How long a test waits for the first attempt to reach the carrier, or for
@@ -119,21 +122,27 @@ async fn a_waiter_that_becomes_the_attempt_is_admitted_again_before_it_runs() {
         let blocker = async {
             until_waiting(&server, 1).await;
             // Takes the only worker, the one the waiter gave up, and keeps it
-            // while the idempotency layer waits for the announced body.
+            // past the first attempt's end: stalled in its handler, after its
+            // claim (a body sent slowly would not do: bodies are read before
+            // admission). The first attempt passed that point already.
+            fail::cfg(server::failpoints::AFTER_CLAIM, &format!("return({BLOCKER_STALL_MS})")).unwrap();
             let address = server.base.trim_start_matches("http://").to_owned();
             let mut stream = tokio::net::TcpStream::connect(&address).await.unwrap();
-            let head = format!(
+            let body = label_body(order_id(), 1);
+            let request = format!(
                 "POST /v1/labels HTTP/1.1\r\nhost: {address}\r\nauthorization: Bearer {ALICE}\r\n\
-                 content-type: application/json\r\nidempotency-key: {}\r\ncontent-length: 100\r\n\r\n",
-                fresh_key()
+                 content-type: application/json\r\nidempotency-key: {}\r\ncontent-length: {}\r\n\r\n{body}",
+                fresh_key(),
+                body.len()
             );
-            stream.write_all(head.as_bytes()).await.unwrap();
+            stream.write_all(request.as_bytes()).await.unwrap();
             until_gauge(&server, "idem_http_requests_in_flight", 3).await;
             stream
         };
         tokio::join!(waiter, blocker)
     };
     let (first, (waiter, _blocker)) = tokio::join!(first, rest);
+    fail::remove(server::failpoints::AFTER_CLAIM);
     assert_eq!(
         (first.status, first.problem_code().as_str()),
         (503, "downstream_unavailable")

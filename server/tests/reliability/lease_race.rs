@@ -139,9 +139,10 @@ async fn slow_carrier_race(backend: StoreKind) {
     };
     let (a, b) = tokio::join!(attempt_a, retry_b);
     let (a, b) = (a.expect("A answers"), b.expect("B answers"));
+    // B meets A's purchase still running at the carrier: told so.
     assert_eq!(
         (b.status, b.code().as_str()),
-        (503, "downstream_unavailable"),
+        (409, "parcel_in_progress"),
         "{}",
         b.text()
     );

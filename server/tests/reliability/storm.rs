@@ -174,7 +174,8 @@ async fn many_keys_one_parcel(backend: StoreKind) {
                 201 => {
                     label_ids.insert(reply.label_id());
                 }
-                503 if reply.code() == "downstream_unavailable" => retry.push(key),
+                // Its carrier call met the first purchase in flight.
+                409 if reply.code() == "parcel_in_progress" => retry.push(key),
                 status => panic!("{backend:?} round {round}: {status}: {}", reply.text()),
             }
         }

@@ -22,12 +22,18 @@ use server::idempotency;
 use server::labels::LabelStore;
 use server::limits::Limits;
 use server::metrics::prometheus_handle;
+use server::probes;
+use server::readiness::{Checked, ReadinessCell};
 use std::sync::Arc;
 use std::time::Duration;
 use store_core::{IdempotencyStore, Policy, SharedClock, SystemClock};
 use store_fdb::{EmbeddedStore, FaultPlan};
 use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+
+/// How often the stores' readiness is checked (`/readyz` answers from it).
+const READINESS_REFRESH_MS: u64 = 100;
 
 /// What a test may set; the rest is the server's defaults.
 #[derive(Debug, Clone)]
@@ -110,7 +116,13 @@ impl Service {
             embedded: embedded.as_ref().map(|store| store.engine().clone()),
             shutting_down: tokio_util::sync::CancellationToken::new(),
             policy: options.policy,
+            readiness: ReadinessCell::new(Checked::Ready),
         };
+        // Readiness as the served app keeps it: checked in the background,
+        // often enough for the outage tests to see it go and come back.
+        let readiness_refresh = Duration::from_millis(READINESS_REFRESH_MS);
+        state.readiness.set(probes::check(&state, readiness_refresh).await);
+        probes::spawn_refresh(state.clone(), readiness_refresh, CancellationToken::new());
         let callers = Callers::from_config(&[caller(ALICE_ID, ALICE), caller(BOB_ID, BOB)]).expect("callers");
         let limits = Limits::new(
             options.in_flight_max,
