@@ -57,7 +57,9 @@ use tracing::Instrument;
 pub struct IdempotencyLayer {
     idempotency: Idempotency,
     body_bytes_max: usize,
-    finish_policy: FinishPolicy,
+    /// Shared, not copied, into each service the layer makes: axum makes
+    /// one per request for a handler's layer (`Handler::layer`).
+    finish_policy: Arc<FinishPolicy>,
 }
 
 impl IdempotencyLayer {
@@ -66,14 +68,14 @@ impl IdempotencyLayer {
         Self {
             idempotency,
             body_bytes_max,
-            finish_policy: FinishPolicy::default(),
+            finish_policy: Arc::new(FinishPolicy::default()),
         }
     }
 
     /// How the attempt is finished by the route's answer (the default:
     /// [`FinishPolicy::default`]).
     pub fn with_finish_policy(mut self, finish_policy: FinishPolicy) -> Self {
-        self.finish_policy = finish_policy;
+        self.finish_policy = Arc::new(finish_policy);
         self
     }
 }
@@ -86,7 +88,7 @@ impl<S> Layer<S> for IdempotencyLayer {
             inner,
             idempotency: self.idempotency.clone(),
             body_bytes_max: self.body_bytes_max,
-            finish_policy: Arc::new(self.finish_policy.clone()),
+            finish_policy: Arc::clone(&self.finish_policy),
         }
     }
 }

@@ -39,6 +39,7 @@ use store_core::{SharedClock, StoreError, SystemClock};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use tower::ServiceBuilder;
 
 /// The label route: `POST` creates a label under an idempotency key.
 pub const LABELS_ROUTE: &str = "/v1/labels";
@@ -72,17 +73,25 @@ pub fn router(state: AppState, callers: Callers, limits: Limits) -> Router {
     let api = Router::new()
         .route(
             LABELS_ROUTE,
-            post(create_label.layer(idempotent).layer(from_fn(require_json))),
+            post(create_label.layer(ServiceBuilder::new().layer(from_fn(require_json)).layer(idempotent))),
         )
         .route(LABEL_ROUTE, get(get_label))
         // Before the layers: it must reach the routes' own method routers.
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(from_fn_with_state(limits.admission(), admit))
-        // Before admission: a slow body holds no worker (body_read.rs).
-        .layer(from_fn_with_state(body_read, read_body_first))
-        .layer(from_fn_with_state(callers, require_caller))
-        .layer(from_fn_with_state(limits.clone(), request_timeout))
-        .layer(from_fn_with_state(limits, shed_overload));
+        // Outermost first. One stack, not one `Router::layer` each: every
+        // `from_fn` clones the service inside it on each request, and
+        // `Router::layer` boxes each layer around the last, so a chain of
+        // them cloned (allocated) every inner box again, per layer, per
+        // request (BENCHMARKS.md, "Per-request counts").
+        .layer(
+            ServiceBuilder::new()
+                .layer(from_fn_with_state(limits.clone(), shed_overload))
+                .layer(from_fn_with_state(limits.clone(), request_timeout))
+                .layer(from_fn_with_state(callers, require_caller))
+                // Before admission: a slow body holds no worker (body_read.rs).
+                .layer(from_fn_with_state(body_read, read_body_first))
+                .layer(from_fn_with_state(limits.admission(), admit)),
+        );
     Router::new()
         .merge(api)
         .route(HEALTHZ_ROUTE, get(healthz))
@@ -91,10 +100,14 @@ pub fn router(state: AppState, callers: Callers, limits: Limits) -> Router {
         .route(OPENAPI_ROUTE, get(openapi_json))
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(not_found)
-        .layer(from_fn(observe))
-        // Outermost: the request id is on every answer and in the span of
-        // every line the request logs, the request line included.
-        .layer(from_fn(request_context))
+        .layer(
+            ServiceBuilder::new()
+                // Outermost: the request id is on every answer and in the
+                // span of every line the request logs, the request line
+                // included.
+                .layer(from_fn(request_context))
+                .layer(from_fn(observe)),
+        )
         .with_state(state)
 }
 
