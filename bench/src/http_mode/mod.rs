@@ -20,12 +20,12 @@ use cli::{FulfilmentArgs, HttpArgs, KeyMode, Profile};
 use client::{ClientError, ClientSettings, FulfilmentClient, PreferWaitReport, answered_409};
 use overload::{OverloadReport, WorkSampler, run_overload};
 use serde::{Deserialize, Serialize};
-use server::backend::StoreKind;
 use spawn::{SpawnError, SpawnSettings, SpawnedServer};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
+use store_registry::StoreKind;
 
 /// Longest wait after the load for the server's requests in flight to end.
 const SERVER_DRAIN_MS_MAX: u64 = 15_000;
