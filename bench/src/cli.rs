@@ -5,9 +5,9 @@ use crate::ramp::RampSettings;
 use crate::schedule::Arrivals;
 use crate::store_mode::run::SaturationSettings;
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use server::backend::StoreKind;
 use std::path::PathBuf;
 use std::time::Duration;
+use store_registry::StoreKind;
 
 /// The design's peak: 2,000 label creates per second (docs/design.md#peak).
 pub const RATE_PER_S_DEFAULT: f64 = 2_000.0;

@@ -8,10 +8,10 @@ use crate::output::{OutputError, Report, Unavailable};
 use crate::store_mode::run::StoreReport;
 use crate::store_mode::run::{StoreRunSettings, bench_target};
 use crate::store_mode::{self, TargetError};
-use server::backend::StoreKind;
 use std::process::ExitCode;
 use std::sync::OnceLock;
 use store_core::Policy;
+use store_registry::StoreKind;
 
 /// Exit status when the benchmark could not run.
 pub const EXIT_ERROR: u8 = 1;

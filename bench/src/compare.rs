@@ -18,8 +18,8 @@ use crate::interrupt;
 use crate::output::{Report, RunLoad, Unavailable};
 use crate::report::{Table, ms, rate};
 use crate::store_mode::run::StoreReport;
-use server::backend::StoreKind;
 use std::time::{Duration, Instant};
+use store_registry::StoreKind;
 
 /// The default of `--settle-load`: what `scripts/bench-quiet` waited for.
 pub const SETTLE_LOAD_DEFAULT: f64 = 0.5;

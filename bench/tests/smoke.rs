@@ -7,9 +7,9 @@ mod common;
 
 use common::LabelService;
 use server::Config;
-use server::backend::StoreKind;
 use store_postgres::testkit::PostgresServer;
 use store_redis::testkit::shared_server;
+use store_registry::StoreKind;
 
 async fn bench_audit_passes(service: LabelService, backend: &str) {
     let dir = tempfile::tempdir().unwrap();

@@ -13,9 +13,8 @@
 //! Unknown fields, in the file or the environment, are refused: a typo must
 //! not silently fall back to a default. Every refusal names the field.
 
-use crate::admission::AdmissionConfig;
+use crate::admission::{AdmissionConfig, workers_for_postgres_pool};
 use crate::auth::{CallerConfig, DEMO_CALLER_ID, DEMO_TOKEN, has_demo_caller, validate_callers};
-use crate::backend::StoreConfig;
 use crate::carrier::CarrierConfig;
 use crate::serving::ServerConfig;
 use crate::setting::field_error;
@@ -25,6 +24,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use store_core::Policy;
 use store_core::redact::redact_secrets;
+use store_registry::StoreConfig;
 
 /// The refusal of a configuration, which names the field.
 pub use crate::setting::ConfigError;
@@ -33,11 +33,6 @@ pub use crate::setting::ConfigError;
 pub const ENV_PREFIX: &str = "IDEM__";
 /// Separator between the parts of a field path in a variable name.
 pub const ENV_SEPARATOR: &str = "__";
-
-/// Default data directory of the embedded store (ignored by git).
-pub const DATA_DIR_DEFAULT: &str = store_fdb::DATA_DIR_DEFAULT;
-/// Largest request body the API reads, in bytes.
-pub const BODY_BYTES_MAX: usize = 64 * 1024;
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -139,14 +134,19 @@ impl Config {
         self.check_listener_address(self.listen_addr()?)?;
         self.carrier.validate(&self.policy)?;
         self.sweeper.validate()?;
-        self.store.validate()
+        Ok(self.store.validate()?)
     }
 
     /// `[server.admission]` with the store's own default number of workers
-    /// where none is configured ([`StoreConfig::admission_workers_default`]).
+    /// where none is configured: half the pool in front of PostgreSQL when
+    /// its writes are not batched ([`StoreConfig::unbatched_records_pool_size`]).
     pub fn admission(&self) -> AdmissionConfig {
         AdmissionConfig {
-            workers: self.server.admission.workers.or(self.store.admission_workers_default()),
+            workers: self
+                .server
+                .admission
+                .workers
+                .or(self.store.unbatched_records_pool_size().map(workers_for_postgres_pool)),
             ..self.server.admission
         }
     }

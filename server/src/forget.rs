@@ -14,13 +14,13 @@
 //! log lines print them (`caller`, `key_sha256`), or by the raw key, which
 //! is hashed here exactly as the stores hash it ([`IdempotencyKey::digest`]).
 
-use crate::backend::StoreKind;
 use crate::backend::{self, BackendError};
 use crate::config::Config;
 use store_core::{
     CallerId, ForgetOutcome, IDEMPOTENCY_KEY_BYTES_MAX, IdempotencyKey, InvalidInput, KeyDigest, StoreError,
 };
 use store_fdb::EmbeddedEngine;
+use store_registry::StoreKind;
 
 /// Hex digits of a key's SHA-256 (`key_sha256` in the logs).
 pub const KEY_SHA256_HEX_CHARS: usize = 64;

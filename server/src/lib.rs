@@ -8,11 +8,12 @@
 //!   TOML file and its `IDEM__` environment overrides, and assembling the
 //!   sections, each of which its owner defines and checks ([`serving`]
 //!   `[server]`, [`admission`], [`tls`], [`auth`] `[[callers]]`,
-//!   [`carrier`], [`sweeper`], [`backend`] `[store]`).
+//!   [`carrier`], [`sweeper`]; `[store]` is the store-registry crate's).
 //! - [`forget`]: `server forget-unreadable-record`, the operator's command for an unreadable record.
 //! - [`openapi`], [`probes`], [`connections`] (header-read timeout, connection cap, draining).
 //! - [`state`]: what every handler reads; [`readiness`]: the stores' readiness as last checked.
-//! - [`backend`]: the store kinds and opening the stores `store.kind` names.
+//! - [`backend`]: the record store `store.kind` names (opened by the
+//!   store-registry crate, the one list of kinds) and the label store beside it.
 //! - [`labels`]: the label route and where labels live, per backend; [`carrier`]: the carrier client and simulator.
 //! - [`idempotency`]: the idempotency middleware (the idem-http crate's
 //!   layer and [`idempotency::Attempt`] API), configured for this service.

@@ -26,6 +26,16 @@ pub enum ConfigError {
     Field { field: &'static str, message: String },
 }
 
+/// The store registry's refusal of a `[store]` field, as it is.
+impl From<store_registry::FieldError> for ConfigError {
+    fn from(error: store_registry::FieldError) -> Self {
+        ConfigError::Field {
+            field: error.field,
+            message: error.message,
+        }
+    }
+}
+
 /// A refusal of `field`.
 pub fn field_error(field: &'static str, message: impl Into<String>) -> ConfigError {
     ConfigError::Field {

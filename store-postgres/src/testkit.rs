@@ -14,6 +14,12 @@
 //! A server kept in a `static` is never dropped, so each server also starts
 //! a small watchdog process that stops it and removes its directory once the
 //! test process has exited, however it exited.
+//!
+//! `initdb` runs once per PostgreSQL build and OS user: its cluster is kept
+//! as a template in the temporary directory ([`TEMPLATE_DIRECTORY_PREFIX`])
+//! and each server starts on a copy of it, the same files `initdb` would
+//! have written again (a test process starts its own server, and `initdb`
+//! took most of a short test's time).
 
 use crate::claim_batch::{BatchedClaim, ClaimBatchRunner, ClaimItem};
 use crate::completion_batch::{CompletionBatchRunner, CompletionEffect, CompletionItem, OwnedRowEffect};
@@ -53,6 +59,13 @@ pub const TLS_ONLY_HBA: &str =
     "local all all trust\nhostssl all all 127.0.0.1/32 trust\nhostssl all all ::1/128 trust\n";
 /// How often the watchdog checks whether the test process is still alive.
 pub const WATCHDOG_POLL_S: u32 = 1;
+/// The start of the name of the template clusters' folders in the
+/// temporary directory; the rest names the PostgreSQL build, the OS user
+/// and [`TEMPLATE_FORMAT`].
+pub const TEMPLATE_DIRECTORY_PREFIX: &str = "idem-postgres-template-";
+/// Changes whenever `initdb`'s arguments do, so an older template is never
+/// copied.
+pub const TEMPLATE_FORMAT: u32 = 1;
 
 #[derive(Debug, thiserror::Error)]
 pub enum HarnessError {
@@ -421,14 +434,69 @@ impl PostgresServer {
         command
     }
 
+    /// The data directory: a copy of the template cluster (`cp -a` keeps
+    /// its owner and the 0700 mode PostgreSQL insists on).
     fn init_cluster(&self) -> Result<(), HarnessError> {
+        let template = self.template_cluster()?;
+        run(Command::new("cp").arg("-a").arg(&template).arg(self.data_dir())).map(drop)
+    }
+
+    /// `initdb` into `data_dir`.
+    fn run_initdb(&self, data_dir: &Path) -> Result<(), HarnessError> {
         let mut initdb = self.server_command("initdb");
         initdb
             .arg("--pgdata")
-            .arg(self.data_dir())
+            .arg(data_dir)
             .args(["--username", SUPERUSER, "--auth", "trust", "--encoding", "UTF8"])
             .args(["--locale", "C", "--no-sync", "--no-instructions"]);
         run(&mut initdb).map(drop)
+    }
+
+    /// The template cluster of this PostgreSQL build and OS user, made by
+    /// `initdb` the first time. It is made beside its place and renamed
+    /// there, so a half-made one is never copied; processes that race each
+    /// make one and the first rename wins. One owned by another user is
+    /// never used.
+    fn template_cluster(&self) -> Result<PathBuf, HarnessError> {
+        let owner = std::fs::metadata(self.directory.path())
+            .map_err(io_error("read the server directory"))?
+            .uid();
+        let postgres =
+            std::fs::metadata(self.bin_dir.join("postgres")).map_err(io_error("read the postgres binary"))?;
+        let build = format!("{}:{}:{}", self.bin_dir.display(), postgres.len(), postgres.mtime());
+        let name = format!(
+            "{TEMPLATE_DIRECTORY_PREFIX}{:016x}-{owner}-{TEMPLATE_FORMAT}",
+            fnv1a(build.as_bytes())
+        );
+        let parent = std::env::temp_dir();
+        let template = parent.join(name);
+        if let Ok(metadata) = std::fs::metadata(template.join("PG_VERSION")) {
+            if metadata.uid() == owner {
+                return Ok(template);
+            }
+            return Err(HarnessError::Command {
+                command: format!("use the template cluster {}", template.display()),
+                output: format!("it belongs to uid {}, not {owner}", metadata.uid()),
+            });
+        }
+        let making = tempfile::Builder::new()
+            .prefix(".idem-postgres-template-")
+            .tempdir_in(&parent)
+            .map_err(io_error("create a folder for the template cluster"))?;
+        if let Some(user) = self.os_user {
+            run(Command::new("chown").arg(format!("{user}:")).arg(making.path()))?;
+        }
+        let made = making.path().join("data");
+        self.run_initdb(&made)?;
+        match std::fs::rename(&made, &template) {
+            Ok(()) => Ok(template),
+            // Another process renamed its own first.
+            Err(_) if template.join("PG_VERSION").is_file() => Ok(template),
+            Err(error) => Err(io_error(format!(
+                "rename the template cluster to {}",
+                template.display()
+            ))(error)),
+        }
     }
 
     fn start_on_a_free_port(&mut self) -> Result<(), HarnessError> {
@@ -536,6 +604,14 @@ fn append(path: &Path, text: &str) -> Result<(), HarnessError> {
         .map_err(io_error(format!("open {}", path.display())))?;
     file.write_all(text.as_bytes())
         .map_err(io_error(format!("write {}", path.display())))
+}
+
+/// FNV-1a, 64 bits: a name for a PostgreSQL build that stays the same
+/// from one compiler to the next (std's hasher may not).
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
+        (hash ^ u64::from(*byte)).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 fn running_as_root() -> Result<bool, HarnessError> {

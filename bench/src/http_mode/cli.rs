@@ -2,8 +2,8 @@
 
 use crate::cli::{BackendArgs, LoadArgs, OutputArgs};
 use clap::{Args, ValueEnum};
-use server::backend::StoreKind;
 use std::path::PathBuf;
+use store_registry::StoreKind;
 
 /// The Fulfilment service's deadline per call (250 ms: docs/design.md#client-deadline).
 pub const DEADLINE_MS_DEFAULT: u64 = 250;

@@ -22,12 +22,12 @@ use client::{ClientError, ClientSettings, FulfilmentClient, PreferWaitReport, an
 use costs::{CostMeter, ProcessCpu};
 use overload::{OverloadReport, WorkSampler, run_overload};
 use serde::{Deserialize, Serialize};
-use server::backend::StoreKind;
 use spawn::{SpawnError, SpawnSettings, SpawnedServer};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
+use store_registry::StoreKind;
 
 /// Longest wait after the load for the server's requests in flight to end.
 const SERVER_DRAIN_MS_MAX: u64 = 15_000;

@@ -10,9 +10,9 @@
 
 use crate::cli::{BackendArgs, DurabilityArg};
 use crate::store_mode::KeepAlive;
-use server::backend::StoreKind;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
+use store_registry::StoreKind;
 use test_support::process::{OnDrop, ProcessError, ProcessSpec, Readiness, ServerProcess};
 
 /// The server binary's name (server).

@@ -5,12 +5,11 @@ use super::{Baseline, IntentInputs, StoreTarget, TargetError, claim_not_acquired
 use crate::engine::Workload;
 use crate::recorder::Outcome;
 use futures::future::BoxFuture;
-use server::backend::OpenedStore;
-use server::backend::{StoreConfig, StoreKind};
 use std::path::PathBuf;
 use std::sync::Arc;
 use store_core::{AtomicCompletion, ClaimOutcome, CompleteWithError, Completion, IdempotencyStore, Policy};
 use store_fdb::{Durability, EmbeddedConfig, Engine, FdbStore, MaybeCommitted, RunOptions, Transaction};
+use store_registry::{OpenedStore, StoreConfig, StoreKind};
 
 /// Bytes of the value each raw baseline transaction sets: a small row.
 pub const RAW_VALUE_BYTES: usize = 100;

@@ -12,11 +12,10 @@
 use super::embedded::{FdbIntents, RAW_VALUE_BYTES, RawCommits};
 use super::{Baseline, IntentInputs, StoreTarget, TargetError};
 use crate::cli::BackendArgs;
-use server::backend::OpenedStore;
-use server::backend::{StoreConfig, StoreKind};
 use std::sync::Arc;
 use store_core::Policy;
 use store_fdb::{FoundationDbConfig, KeyPrefix};
+use store_registry::{OpenedStore, StoreConfig, StoreKind};
 
 /// The cluster file the bench uses (`None`: FoundationDB's default, which
 /// `FDB_CLUSTER_FILE` overrides) and how the report names it.

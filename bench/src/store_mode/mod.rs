@@ -21,12 +21,11 @@ use crate::engine::Workload;
 use crate::intent::{CALLER_ID, Intent, RunIds};
 use crate::recorder::Outcome;
 use serde::{Deserialize, Serialize};
-use server::backend::OpenedStore;
-use server::backend::{StoreConfig, StoreKind};
 use std::sync::Arc;
 use store_core::{
     CallerId, ClaimOutcome, ClaimRequest, Fenced, Fingerprint, IdempotencyKey, SavedResponse, StoreError,
 };
+use store_registry::{OpenedStore, StoreConfig, StoreKind};
 
 /// What every store-mode intent sends besides its own key. The fingerprint
 /// and the saved response are made once per run, so that the bench's own
@@ -165,11 +164,12 @@ pub fn store_error(error: &StoreError) -> Outcome {
     }
 }
 
-/// Opens the record store `config` names through the server's backend
-/// registry (`server::backend::open_store`), the one place a backend is
-/// opened; the bench then drives it directly, with its own effect rows.
+/// Opens the record store `config` names through the store registry
+/// (`store_registry::open_store`), the one place a backend is opened, as
+/// the server does; the bench then drives it directly, with its own effect
+/// rows.
 pub async fn open_store(config: &StoreConfig, policy: store_core::Policy) -> Result<OpenedStore, TargetError> {
-    server::backend::open_store(config, policy, &store_core::SystemClock::shared())
+    store_registry::open_store(config, policy, &store_core::SystemClock::shared())
         .await
         .map_err(|error| TargetError::unavailable(config.kind.name(), error))
 }

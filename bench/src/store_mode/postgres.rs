@@ -9,12 +9,11 @@ use crate::cli::BackendArgs;
 use crate::engine::Workload;
 use crate::recorder::Outcome;
 use futures::future::BoxFuture;
-use server::backend::OpenedStore;
-use server::backend::{StoreConfig, StoreKind};
 use std::sync::Arc;
 use store_core::{AtomicCompletion, ClaimOutcome, CompleteWithError, Completion, IdempotencyStore, Policy};
 use store_postgres::testkit::{PostgresServer, ServerDurability};
 use store_postgres::{Migration, OwnedRowEffect, PostgresConfig, PostgresStore, RowCompletion};
+use store_registry::{OpenedStore, StoreConfig, StoreKind};
 
 /// The intents' effect: one label row, with the completion.
 const BENCH_LABEL_INSERT: &str = "INSERT INTO bench_labels (order_id, parcel_no, label_id) VALUES ($1, $2, $3)";

@@ -16,14 +16,13 @@ use crate::intent::RunIds;
 use crate::recorder::Outcome;
 use futures::future::BoxFuture;
 use redis::aio::MultiplexedConnection;
-use server::backend::OpenedStore;
-use server::backend::{StoreConfig, StoreKind};
 use std::process::Command;
 use std::sync::Arc;
 use store_core::{ClaimOutcome, IdempotencyStore, LeaseToken, Policy};
 use store_redis::scripts::Scripts;
 use store_redis::testkit::RedisServer;
 use store_redis::{RedisConfig, RedisStore};
+use store_registry::{OpenedStore, StoreConfig, StoreKind};
 
 /// The reference tool, from Debian's redis-tools.
 pub const REDIS_BENCHMARK_PROGRAM: &str = "redis-benchmark";

@@ -4,10 +4,10 @@
 use super::*;
 use crate::admission::ADMISSION_WORKERS_DEFAULT;
 use crate::auth::token_sha256;
-use crate::backend::{LabelsKind, StoreKind};
 use crate::serving::{LISTEN_DEFAULT, PREFER_WAIT_WAITERS_LIMIT, PREFER_WAIT_WAITERS_PER_KEY_LIMIT};
 use store_core::waiting::WAITERS_PER_KEY_MAX_DEFAULT;
 use store_postgres::SslMode;
+use store_registry::{LabelsKind, StoreKind};
 
 fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
     pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()

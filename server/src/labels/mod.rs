@@ -22,6 +22,9 @@ use serde::{Deserialize, Serialize};
 use store_core::{CallerId, Fenced, HeldLease, SavedResponse, StoreError};
 use utoipa::ToSchema;
 
+/// Largest `POST /v1/labels` body read, in bytes (the idempotency layer
+/// refuses a longer one with 413 before the route sees it).
+pub const BODY_BYTES_MAX: usize = 64 * 1024;
 /// Heaviest parcel accepted, in grams.
 pub const WEIGHT_G_MAX: u32 = 70_000;
 /// Largest order id accepted: 2^53 - 1, the largest integer every JSON

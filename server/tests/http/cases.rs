@@ -428,7 +428,7 @@ pub async fn reads_and_probes(backend: StoreKind) {
 pub async fn oversized_bodies_are_413(backend: StoreKind) {
     let server = TestServer::start(backend).await;
     let key = fresh_key();
-    let padding = "x".repeat(server::config::BODY_BYTES_MAX);
+    let padding = "x".repeat(server::labels::BODY_BYTES_MAX);
     let huge = format!(r#"{{"order_id":1,"parcel_no":1,"weight_g":1,"service":"ground","pad":"{padding}"}}"#);
     let reply = server.post_label(Some(ALICE), Some(&key), &huge).await;
     assert_eq!(

@@ -134,7 +134,7 @@ async fn a_chunked_body_over_the_limit_is_413() {
     );
     stream.write_all(head.as_bytes()).await.unwrap();
     let chunk = format!("{:x}\r\n{}\r\n", 8_192, "x".repeat(8_192));
-    for _ in 0..(server::config::BODY_BYTES_MAX / 8_192 + 2) {
+    for _ in 0..(server::labels::BODY_BYTES_MAX / 8_192 + 2) {
         if stream.write_all(chunk.as_bytes()).await.is_err() {
             break;
         }

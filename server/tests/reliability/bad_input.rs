@@ -12,7 +12,7 @@ use crate::support::{ALICE, ALICE_ID, LabelPost, client, derived_key, label_body
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use server::backend::StoreKind;
-use server::config::BODY_BYTES_MAX;
+use server::labels::BODY_BYTES_MAX;
 use store_core::{CallerId, IdempotencyKey, RecordState};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 

@@ -109,7 +109,7 @@ pub fn foundationdb_cluster_file() -> String {
 }
 
 /// Opens the store a test's servers use on the cluster, from the test
-/// process, through the server's registry.
+/// process, through the store registry.
 #[cfg(feature = "foundationdb")]
 pub async fn open_foundationdb(
     setup: &BackendSetup,
@@ -117,8 +117,8 @@ pub async fn open_foundationdb(
 ) -> std::sync::Arc<store_fdb::FoundationDbStore> {
     let config = server::config::Config::load(None, setup.env()).expect("the setup's config");
     let clock = store_core::SystemClock::shared();
-    match server::backend::open_store(&config.store, policy, &clock).await {
-        Ok(server::backend::OpenedStore::Foundationdb(store)) => store,
+    match store_registry::open_store(&config.store, policy, &clock).await {
+        Ok(store_registry::OpenedStore::Foundationdb(store)) => store,
         Ok(_) => panic!("a FoundationDB setup opens FoundationDB"),
         Err(error) => panic!("open the FoundationDB store: {error}"),
     }
