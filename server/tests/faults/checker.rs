@@ -7,9 +7,9 @@
 //!    same body bytes, whichever instance answered and whenever;
 //! 3. every intent answered 201 has exactly one label row, the one it was told;
 //! 4. after the heal, every intent has its 201 (lost = 0);
-//! 5. availability during each kind of fault: the share of intents begun
-//!    in its windows that got their 201 while it lasted, and the answers
-//!    given instead.
+//! 5. availability during each kind of fault: the share of the intents in
+//!    flight during its windows that got their 201 in the load phase (within
+//!    the client's own retries), and the answers given instead.
 //!
 //! On Redis, a violation is matched against store-redis/LIMITS.md: the
 //! limits whose conditions the run met (a crash of Redis with
@@ -48,7 +48,9 @@ pub enum Property {
     LostAfterHeal,
 }
 
-/// Figures for one kind of fault (or "none": intents begun outside every window).
+/// Figures for one kind of fault (or "none": intents whose load phase met no
+/// fault). An intent counts under every kind of fault its load phase (first
+/// attempt sent to last answer) overlapped.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct NemesisFigures {
     pub faults: usize,
@@ -313,16 +315,27 @@ fn figures_by_nemesis(
             .map_or("none", |window| window.nemesis.as_str())
     };
     for intent in by_intent.values() {
-        let Some(first_load) = intent.attempts.iter().find(|attempt| attempt.phase == Phase::Load) else {
+        let Some((from, to)) = intent.load_span() else {
             continue;
         };
-        let entry = figures.entry(window_of(first_load.sent_ms).to_owned()).or_default();
-        entry.intents += 1;
         let created_in_load = intent
             .attempts
             .iter()
             .any(|attempt| attempt.phase == Phase::Load && attempt.status == Some(201));
-        entry.answered_201 += usize::from(created_in_load);
+        // Counted once under every kind of fault it lived through, or "none".
+        let mut kinds: BTreeSet<&str> = faults
+            .iter()
+            .filter(|window| window.start_ms <= to && from <= window.end_ms)
+            .map(|window| window.nemesis.as_str())
+            .collect();
+        if kinds.is_empty() {
+            kinds.insert("none");
+        }
+        for kind in kinds {
+            let entry = figures.entry(kind.to_owned()).or_default();
+            entry.intents += 1;
+            entry.answered_201 += usize::from(created_in_load);
+        }
     }
     for attempt in history.iter().filter(|attempt| attempt.phase == Phase::Load) {
         if attempt.status == Some(201) {

@@ -34,6 +34,12 @@ pub const LEASE_MS: u64 = 1_000;
 pub const CARRIER_TIMEOUT_MS: u64 = 500;
 /// The carrier simulator's latency range.
 const CARRIER_LATENCY_MS: (u64, u64) = (20, 80);
+/// Every create waits this long between the carrier's answer and its
+/// commit (the `label.after_carrier` failpoint's stall, which sleeps
+/// without blocking the runtime): a pause then lands in that window as
+/// often as in the carrier call, and the window is where a late write
+/// comes from. The whole create still ends well inside the lease.
+pub const STALL_AFTER_CARRIER_MS: u64 = 400;
 /// Share of purchases whose reply the simulator itself loses, always.
 const CARRIER_LOST_REPLY_RATE: f64 = 0.02;
 /// Each store call gives up after this long: a partition answers 503 in
@@ -178,9 +184,9 @@ impl Cluster {
             .env([("IDEM__LOG__LEVEL", "warn,server=info")])
             .env(self.env.iter().cloned());
         spec.env_removed
-            .push(server::failpoints::FAILPOINTS_VARIABLE.to_owned());
-        spec.env_removed
             .push(server::failpoints::CLOCK_OFFSET_VARIABLE.to_owned());
+        let stall = format!("{}=return({STALL_AFTER_CARRIER_MS})", server::failpoints::AFTER_CARRIER);
+        spec = spec.env([(server::failpoints::FAILPOINTS_VARIABLE, stall)]);
         if let Some(offset) = clock_offset_ms {
             spec = spec.env([(server::failpoints::CLOCK_OFFSET_VARIABLE, offset)]);
         }

@@ -91,6 +91,11 @@ impl FdbCluster {
             .arg(&data)
             .arg("-L")
             .arg(&logs)
+            // `double` keeps each copy in another zone: on one host, every
+            // process is a zone (and a machine) of its own, or the database
+            // never becomes available.
+            .arg(format!("--locality-zoneid=z{index}"))
+            .arg(format!("--locality-machineid=m{index}"))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null());

@@ -17,7 +17,7 @@
 //! | variable | what | default |
 //! |---|---|---|
 //! | `IDEM_FAULT_SEED` | replays a campaign (each prints its seed) | random |
-//! | `IDEM_FAULT_SECONDS` | a long campaign: every nemesis in turn for this long | unset: the short campaign (the pause and three more) |
+//! | `IDEM_FAULT_SECONDS` | a long campaign: every nemesis in turn for this long | unset: the short campaign (the pause and two more) |
 //! | `IDEM_FAULT_REDIS_FSYNC` | Redis's `appendfsync`, `everysec` or `always` | `everysec` |
 //! | `IDEM_FAULT_DIR` | where the history and the other files are written (kept) | a temporary folder, kept when the check fails |
 //! | `IDEM_FDB_BIN_DIR` | FoundationDB's `bin` folder (the `foundationdb` campaign) | `fdbserver` on `PATH` |

@@ -99,7 +99,7 @@ pub struct Planned {
 
 /// How many nemeses a short campaign runs: the pause (which is what the
 /// fence and the carrier key are for) and this many more drawn by the seed.
-const SHORT_CAMPAIGN_EXTRA_NEMESES: usize = 3;
+const SHORT_CAMPAIGN_EXTRA_NEMESES: usize = 2;
 
 /// The schedule of a short campaign: the pause first, then a few others.
 pub fn short_schedule(seed: u64, instances: usize) -> Vec<Planned> {
