@@ -94,7 +94,7 @@ pub enum Stores {
         redis: RedisServer,
         redis_proxy: FaultProxy,
         /// The labels' database server, kept running.
-        _postgres: PostgresServer,
+        _postgres: Box<PostgresServer>,
         postgres_proxy: FaultProxy,
         url: String,
     },
@@ -261,7 +261,7 @@ async fn start_stores(backend: Backend, redis_fsync: RedisFsync, network: &Netwo
             Stores::Redis {
                 redis,
                 redis_proxy,
-                _postgres: postgres,
+                _postgres: Box::new(postgres),
                 postgres_proxy,
                 url,
             }
