@@ -349,11 +349,11 @@ impl PostgresServer {
     /// `pg_ctl stop -m immediate` (no checkpoint, connections dropped), so
     /// the next start replays the WAL. Committed transactions survive only
     /// on a [`ServerDurability::Durable`] server.
-    pub fn stop_immediately(&self) -> Result<(), HarnessError> {
+    pub fn shut_down_immediately(&self) -> Result<(), HarnessError> {
         run(&mut self.pg_ctl_stop()).map(drop)
     }
 
-    /// Starts a stopped server again on the same port and data directory.
+    /// Starts the server again, after [`PostgresServer::shut_down_immediately`], on the same port and data directory.
     pub fn start_again(&self) -> Result<(), HarnessError> {
         run(&mut self.pg_ctl_start()).map(drop)
     }

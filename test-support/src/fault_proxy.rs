@@ -16,7 +16,7 @@
 //! connections already open at once (each relay direction watches the
 //! setting while it waits for bytes), so `Reset` does not wait for traffic.
 //!
-//! The relay runs on the caller's tokio runtime and stops, closing every
+//! The relay runs on the caller's tokio runtime and ends, closing every
 //! connection it holds, when the [`FaultProxy`] is dropped.
 
 use std::io;

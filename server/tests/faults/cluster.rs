@@ -141,7 +141,7 @@ impl Cluster {
             pair("IDEM__POLICY__LEASE_MS", LEASE_MS),
             pair("IDEM__CARRIER__TIMEOUT_MS", CARRIER_TIMEOUT_MS),
             pair("IDEM__CARRIER__URL", format!("http://{}", carrier_proxy.local_addr())),
-            // A restart for the clock skew is a clean stop: no load
+            // A restart for the clock skew is a clean shutdown: no load
             // balancer to tell, so no delay before the listener closes.
             pair("IDEM__SERVER__SHUTDOWN_READINESS_DELAY_MS", 0),
         ]);
@@ -232,7 +232,7 @@ async fn start_carrier(dir: &Path) -> ServerProcess {
 }
 
 /// A durable PostgreSQL (fsync and synchronous commit on: an immediate
-/// stop must keep what it acknowledged) with a fresh database, and its proxy
+/// shutdown must keep what it acknowledged) with a fresh database, and its proxy
 /// on the stores' address.
 async fn start_postgres(network: &Network) -> (PostgresServer, FaultProxy, String) {
     let server = PostgresServer::start_with(ServerDurability::Durable).expect("start PostgreSQL");

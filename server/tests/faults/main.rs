@@ -100,11 +100,11 @@ async fn campaign(backend: Backend) -> Report {
     let history = Arc::new(JsonLines::create(&dir.join(HISTORY_FILE)));
     let faults = JsonLines::create(&dir.join(FAULTS_FILE));
     let workload = Workload::new(cluster.urls(), history.clone());
-    let stop = Arc::new(AtomicBool::new(false));
+    let load_over = Arc::new(AtomicBool::new(false));
     let started_ms = now_ms();
-    let (intents, ()) = tokio::join!(workload.load(stop.clone()), async {
+    let (intents, ()) = tokio::join!(workload.load(load_over.clone()), async {
         nemesis::run(&mut cluster, &schedule, &faults).await;
-        stop.store(true, Ordering::Relaxed);
+        load_over.store(true, Ordering::Relaxed);
     });
     let load_ms = now_ms() - started_ms;
     wait_until_ready(&cluster).await;

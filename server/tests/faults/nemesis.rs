@@ -207,12 +207,12 @@ async fn heal(cluster: &mut Cluster, planned: &Planned) {
     }
 }
 
-/// A clean stop (SIGTERM, work in flight finished), then a start with the
+/// A clean shutdown (SIGTERM, work in flight finished), then a start with the
 /// clock offset given.
 async fn restart_instance(cluster: &mut Cluster, index: usize, clock_offset_ms: Option<i64>) {
     let process = cluster.instances[index].process.take().expect("the instance runs");
     let (status, log) = process.terminate().await;
-    assert!(status.success(), "instance {index} did not stop cleanly: {log}");
+    assert!(status.success(), "instance {index} did not exit cleanly: {log}");
     let process = cluster.start_instance(index, clock_offset_ms).await;
     cluster.instances[index].process = Some(process);
 }
@@ -220,7 +220,7 @@ async fn restart_instance(cluster: &mut Cluster, index: usize, clock_offset_ms: 
 async fn crash_store(cluster: &mut Cluster) -> String {
     match &mut cluster.stores {
         Stores::Postgres { server, .. } => {
-            tokio::task::block_in_place(|| server.stop_immediately()).expect("pg_ctl stop -m immediate");
+            tokio::task::block_in_place(|| server.shut_down_immediately()).expect("pg_ctl stop -m immediate");
             "postgres".to_owned()
         }
         Stores::Redis { redis, .. } => {

@@ -245,12 +245,12 @@ impl Workload {
         }
     }
 
-    /// New intents, [`CONCURRENT_INTENTS`] at a time, until `stop` is set.
+    /// New intents, [`CONCURRENT_INTENTS`] at a time, until `load_over` is set.
     /// Answers every intent it started, and whether it got its 201.
-    pub async fn load(&self, stop: Arc<AtomicBool>) -> Vec<(Intent, bool)> {
+    pub async fn load(&self, load_over: Arc<AtomicBool>) -> Vec<(Intent, bool)> {
         let client = self.client(load_policy(), Arc::new(RetryBudget::default()));
         let intents = futures::stream::iter(0..)
-            .take_while(|_| std::future::ready(!stop.load(Ordering::Relaxed)))
+            .take_while(|_| std::future::ready(!load_over.load(Ordering::Relaxed)))
             .map(|number: usize| {
                 let client = client.clone();
                 async move {
