@@ -32,6 +32,22 @@ pub const AFTER_COMMIT: &str = "label.after_commit";
 /// Every failpoint, in the order a create reaches them.
 pub const ALL: [&str; 4] = [AFTER_CLAIM, AFTER_CARRIER, BEFORE_COMMIT, AFTER_COMMIT];
 
+/// Moves the clock the stores and the idempotency layer read by this many
+/// milliseconds (signed), in builds with the `failpoints` feature only: the
+/// fault campaign runs one instance of a fleet with its clock ahead or
+/// behind the others. A build without the feature ignores it.
+pub const CLOCK_OFFSET_VARIABLE: &str = "IDEM_TEST_CLOCK_OFFSET_MS";
+
+/// The clock the server runs on: the system's, moved by
+/// [`CLOCK_OFFSET_VARIABLE`] in a test build that sets it.
+pub fn clock() -> store_core::SharedClock {
+    #[cfg(feature = "failpoints")]
+    if let Some(clock) = enabled::offset_clock() {
+        return clock;
+    }
+    store_core::SystemClock::shared()
+}
+
 /// The environment variable that configures failpoints (the `fail` crate's name).
 pub const FAILPOINTS_VARIABLE: &str = "FAILPOINTS";
 /// Printed on stderr, followed by a space and the point's name, when a
@@ -48,10 +64,45 @@ pub async fn reached(name: &'static str) {
 
 #[cfg(feature = "failpoints")]
 mod enabled {
-    use super::{FAILPOINTS_VARIABLE, REACHED_MARKER};
+    use super::{CLOCK_OFFSET_VARIABLE, FAILPOINTS_VARIABLE, REACHED_MARKER};
     use std::io::Write;
-    use std::sync::Once;
+    use std::sync::{Arc, Once};
     use std::time::Duration;
+    use store_core::{Clock, SharedClock, SystemClock};
+
+    /// The system's clock, `offset_ms` away in real time; intervals unchanged.
+    #[derive(Debug)]
+    struct OffsetClock {
+        offset_ms: i64,
+    }
+
+    impl Clock for OffsetClock {
+        fn now_ms(&self) -> u64 {
+            SystemClock.now_ms().saturating_add_signed(self.offset_ms)
+        }
+
+        fn monotonic_ms(&self) -> u64 {
+            SystemClock.monotonic_ms()
+        }
+    }
+
+    /// A clock moved by [`CLOCK_OFFSET_VARIABLE`], when it is set.
+    pub(super) fn offset_clock() -> Option<SharedClock> {
+        let setting = std::env::var(CLOCK_OFFSET_VARIABLE).ok()?;
+        match setting.trim().parse::<i64>() {
+            Ok(offset_ms) => {
+                tracing::warn!(
+                    offset_ms,
+                    "{CLOCK_OFFSET_VARIABLE}: this process's clock is moved (a test build)"
+                );
+                Some(Arc::new(OffsetClock { offset_ms }))
+            }
+            Err(error) => {
+                tracing::error!(%error, "{CLOCK_OFFSET_VARIABLE}: ignored, not a number of milliseconds");
+                None
+            }
+        }
+    }
 
     static CONFIGURED: Once = Once::new();
 

@@ -305,7 +305,7 @@ fn init_tracing(log: &LogConfig) {
 
 async fn run_server(config: Config) -> Result<(), StartupError> {
     let listen = config.listen_addr()?;
-    let app = App::build(config).await?;
+    let app = App::build_with_clock(config, server::failpoints::clock()).await?;
     let listener = server::app::listen(listen)?;
     tracing::info!("listening on {}://{}", app.scheme(), listener.local_addr()?);
     app.serve(listener, shutdown_signal()).await

@@ -358,6 +358,19 @@ impl PostgresServer {
         format!("postgres://{SUPERUSER}@127.0.0.1:{}/{database}", self.port)
     }
 
+    /// Crashes the server as a power cut would look to its clients:
+    /// `pg_ctl stop -m immediate` (no checkpoint, connections dropped), so
+    /// the next start replays the WAL. Committed transactions survive only
+    /// on a [`ServerDurability::Durable`] server.
+    pub fn shut_down_immediately(&self) -> Result<(), HarnessError> {
+        run(&mut self.pg_ctl_stop()).map(drop)
+    }
+
+    /// Starts the server again, after [`PostgresServer::shut_down_immediately`], on the same port and data directory.
+    pub fn start_again(&self) -> Result<(), HarnessError> {
+        run(&mut self.pg_ctl_start()).map(drop)
+    }
+
     /// Creates a new empty database with a unique name.
     pub async fn create_database(&self) -> Result<TestDatabase, HarnessError> {
         let number = self.databases_created.fetch_add(1, Ordering::Relaxed);

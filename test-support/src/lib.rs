@@ -2,7 +2,8 @@
 //! child processes that end with their parent ([`child`]), (feature `tls`) test certificates ([`tls::TestCertificates`]), and
 //! (feature `harness`) server binaries as child processes ([`process`]),
 //! an HTTP client and its replies ([`http`]), and the test callers and
-//! label bodies ([`callers`]).
+//! label bodies ([`callers`]), and (feature `fault-proxy`) a TCP relay
+//! that delays, drops, resets or blackholes on command ([`fault_proxy`]).
 //!
 //! A server a test starts (redis-server, PostgreSQL, fdbserver, the Label
 //! service as a child process) is told its port before it binds it. The
@@ -17,6 +18,8 @@ use std::net::TcpListener;
 #[cfg(feature = "harness")]
 pub mod callers;
 pub mod child;
+#[cfg(feature = "fault-proxy")]
+pub mod fault_proxy;
 #[cfg(feature = "harness")]
 pub mod http;
 #[cfg(feature = "harness")]
