@@ -44,11 +44,6 @@ use tokio_postgres::types::ToSql;
 /// Claims waiting for a batch at most; past it a claim is refused as
 /// unavailable at once (the database is not keeping up).
 pub const CLAIM_BATCH_QUEUED_ITEMS_MAX: usize = 4_096;
-/// Claim batches in flight at once. Two: one is built and sent while the
-/// other waits for its commit's flush, which PostgreSQL may fold into one
-/// WAL flush with the next; more would split the same load into smaller
-/// batches again (store-core's `batch` module).
-pub const CLAIM_BATCHES_IN_FLIGHT_MAX: usize = 2;
 
 /// The batched claim. Its items' columns are named `batch_*` so that the
 /// record's columns (`record_columns!`) stay unambiguous. The main SELECT

@@ -50,9 +50,6 @@ use tokio_postgres::types::ToSql;
 /// Completions waiting for a batch at most; past it a completion is
 /// refused as unavailable at once.
 pub const COMPLETION_BATCH_QUEUED_ITEMS_MAX: usize = 4_096;
-/// Completion batches in flight at once, for the reason claim batches have
-/// two (`CLAIM_BATCHES_IN_FLIGHT_MAX`).
-pub const COMPLETION_BATCHES_IN_FLIGHT_MAX: usize = 2;
 
 /// An effect of one inserted row, like [`crate::RowEffect`], that owns its
 /// values, so that it can wait in a batch for another task to send it. The

@@ -44,6 +44,12 @@ pub const TIMEOUT_MS_MAX: u64 = 10 * 60 * 1000;
 pub const BATCH_ITEMS_MAX_DEFAULT: usize = 64;
 /// Largest batch size accepted (store-core's bound on any batch).
 pub const BATCH_ITEMS_MAX: usize = store_core::batch::BATCH_ITEMS_MAX;
+/// Claim batches (and, separately, completion batches) in flight at once,
+/// by default: each holds one pooled connection for its round trip and
+/// commit (store-core's `batch` module says why few).
+pub const BATCHES_IN_FLIGHT_DEFAULT: usize = 2;
+/// Most batches in flight accepted (store-core's bound).
+pub const BATCHES_IN_FLIGHT_MAX: usize = store_core::batch::BATCHES_IN_FLIGHT_MAX;
 
 /// Whether the connection is TLS and what it checks. libpq's names; set in
 /// [`PostgresConfig::ssl_mode`], never in the URL (a URL that carries
@@ -102,6 +108,9 @@ pub struct PostgresConfig {
     /// at most: those that arrive while a batch is in flight go in the next
     /// one. 1 turns batching off (each is its own statement).
     pub batch_items_max: usize,
+    /// Claim batches, and separately completion batches, running at once
+    /// at most; each holds a pooled connection while it runs.
+    pub batches_in_flight_max: usize,
 }
 
 /// No URL (the server's config refuses `store.kind = "postgres"` without
@@ -121,6 +130,8 @@ pub enum ConfigError {
     PoolSize(usize),
     #[error("batch_items_max {0} is outside 1..={BATCH_ITEMS_MAX}")]
     BatchItems(usize),
+    #[error("batches_in_flight_max {0} is outside 1..={BATCHES_IN_FLIGHT_MAX}")]
+    BatchesInFlight(usize),
     #[error("{name} is {value} ms; it must be between 1 and {TIMEOUT_MS_MAX}")]
     Timeout { name: &'static str, value: u64 },
     #[error("connection pool could not be built: {0}")]
@@ -151,6 +162,7 @@ impl PostgresConfig {
             ssl_mode: SslMode::Disable,
             ca_file: None,
             batch_items_max: BATCH_ITEMS_MAX_DEFAULT,
+            batches_in_flight_max: BATCHES_IN_FLIGHT_DEFAULT,
         }
     }
 
@@ -165,6 +177,9 @@ impl PostgresConfig {
         }
         if !(1..=BATCH_ITEMS_MAX).contains(&self.batch_items_max) {
             return Err(ConfigError::BatchItems(self.batch_items_max));
+        }
+        if !(1..=BATCHES_IN_FLIGHT_MAX).contains(&self.batches_in_flight_max) {
+            return Err(ConfigError::BatchesInFlight(self.batches_in_flight_max));
         }
         let timeouts = [
             ("connect_timeout_ms", self.connect_timeout_ms),
@@ -273,6 +288,7 @@ impl fmt::Debug for PostgresConfig {
             .field("ssl_mode", &self.ssl_mode)
             .field("ca_file", &self.ca_file)
             .field("batch_items_max", &self.batch_items_max)
+            .field("batches_in_flight_max", &self.batches_in_flight_max)
             .finish()
     }
 }
@@ -316,6 +332,11 @@ mod tests {
         config.pool_size = 0;
         assert!(matches!(config.validate(), Err(ConfigError::PoolSize(0))));
         config.pool_size = POOL_SIZE_DEFAULT;
+        config.batches_in_flight_max = 0;
+        assert!(matches!(config.validate(), Err(ConfigError::BatchesInFlight(0))));
+        config.batches_in_flight_max = BATCHES_IN_FLIGHT_MAX + 1;
+        assert!(config.validate().is_err());
+        config.batches_in_flight_max = BATCHES_IN_FLIGHT_DEFAULT;
         config.statement_timeout_ms = 0;
         assert!(matches!(
             config.validate(),

@@ -33,14 +33,13 @@ mod store;
 pub mod testkit;
 mod tls;
 
-pub use claim_batch::{BatchedClaim, CLAIM_BATCH_QUEUED_ITEMS_MAX, CLAIM_BATCHES_IN_FLIGHT_MAX};
-pub use completion_batch::{
-    BatchedCompletion, COMPLETION_BATCH_QUEUED_ITEMS_MAX, COMPLETION_BATCHES_IN_FLIGHT_MAX, OwnedRowEffect,
-};
+pub use claim_batch::{BatchedClaim, CLAIM_BATCH_QUEUED_ITEMS_MAX};
+pub use completion_batch::{BatchedCompletion, COMPLETION_BATCH_QUEUED_ITEMS_MAX, OwnedRowEffect};
 pub use config::{
-    BATCH_ITEMS_MAX, BATCH_ITEMS_MAX_DEFAULT, CONNECT_TIMEOUT_MS_DEFAULT, ConfigError,
-    IDLE_IN_TRANSACTION_TIMEOUT_MS_DEFAULT, OPERATION_TIMEOUT_MS_DEFAULT, POOL_SIZE_DEFAULT, POOL_SIZE_MAX,
-    POOL_WAIT_TIMEOUT_MS_DEFAULT, PostgresConfig, STATEMENT_TIMEOUT_MS_DEFAULT, SslMode, TIMEOUT_MS_MAX,
+    BATCH_ITEMS_MAX, BATCH_ITEMS_MAX_DEFAULT, BATCHES_IN_FLIGHT_DEFAULT, BATCHES_IN_FLIGHT_MAX,
+    CONNECT_TIMEOUT_MS_DEFAULT, ConfigError, IDLE_IN_TRANSACTION_TIMEOUT_MS_DEFAULT, OPERATION_TIMEOUT_MS_DEFAULT,
+    POOL_SIZE_DEFAULT, POOL_SIZE_MAX, POOL_WAIT_TIMEOUT_MS_DEFAULT, PostgresConfig, STATEMENT_TIMEOUT_MS_DEFAULT,
+    SslMode, TIMEOUT_MS_MAX,
 };
 /// The driver and its pool, so callers write effects against the same versions
 /// (an effect gets a `deadpool_postgres::Client` inside the open transaction).

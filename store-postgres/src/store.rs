@@ -10,12 +10,10 @@
 //! transaction or lock outlives a call, so nothing is held while the handler
 //! talks to the carrier.
 
-use crate::claim_batch::{
-    BatchedClaim, CLAIM_BATCH_QUEUED_ITEMS_MAX, CLAIM_BATCHES_IN_FLIGHT_MAX, ClaimBatchRunner, ClaimBatcher, ClaimItem,
-};
+use crate::claim_batch::{BatchedClaim, CLAIM_BATCH_QUEUED_ITEMS_MAX, ClaimBatchRunner, ClaimBatcher, ClaimItem};
 use crate::completion_batch::{
-    BatchedCompletion, COMPLETION_BATCH_QUEUED_ITEMS_MAX, COMPLETION_BATCHES_IN_FLIGHT_MAX, CompletionBatchRunner,
-    CompletionBatcher, CompletionEffect, CompletionItem,
+    BatchedCompletion, COMPLETION_BATCH_QUEUED_ITEMS_MAX, CompletionBatchRunner, CompletionBatcher, CompletionEffect,
+    CompletionItem,
 };
 use crate::config::{ConfigError, PostgresConfig};
 use crate::effect::completion_batch_error;
@@ -166,9 +164,9 @@ impl PostgresStore {
         let limits = BatchLimits::new(
             config.batch_items_max,
             COMPLETION_BATCH_QUEUED_ITEMS_MAX,
-            COMPLETION_BATCHES_IN_FLIGHT_MAX,
+            config.batches_in_flight_max,
         )
-        .map_err(|_| ConfigError::BatchItems(config.batch_items_max))?;
+        .map_err(|_| ConfigError::BatchesInFlight(config.batches_in_flight_max))?;
         let runner = CompletionBatchRunner {
             pool: pool.clone(),
             operation_timeout: config.operation_timeout(),
@@ -183,9 +181,9 @@ impl PostgresStore {
         let limits = BatchLimits::new(
             config.batch_items_max,
             CLAIM_BATCH_QUEUED_ITEMS_MAX,
-            CLAIM_BATCHES_IN_FLIGHT_MAX,
+            config.batches_in_flight_max,
         )
-        .map_err(|_| ConfigError::BatchItems(config.batch_items_max))?;
+        .map_err(|_| ConfigError::BatchesInFlight(config.batches_in_flight_max))?;
         let runner = ClaimBatchRunner {
             pool: pool.clone(),
             operation_timeout: config.operation_timeout(),

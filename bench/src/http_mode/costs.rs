@@ -53,6 +53,10 @@ impl Counters {
 struct Group {
     name: String,
     before: Vec<(u32, Counters)>,
+    /// For the store's servers: processes of theirs started during the
+    /// load (a pool's connection opened late is a new PostgreSQL backend)
+    /// are found again at the end and count from zero.
+    joined_since: Option<u64>,
 }
 
 /// Counters of the processes involved, read before and after the load.
@@ -79,21 +83,19 @@ impl CostMeter {
                     .map(|pid| ("carrier simulator".to_owned(), vec![pid])),
             );
             let since = start_ticks(std::process::id()).unwrap_or(u64::MAX);
-            let stores = store_processes_started_since(since);
-            if !stores.is_empty() {
-                named.push((STORE_PROCESSES.to_owned(), stores));
-            }
+            named.push((STORE_PROCESSES.to_owned(), store_processes_started_since(since)));
         }
         let groups = named
             .into_iter()
             .map(|(name, pids)| Group {
+                joined_since: (name == STORE_PROCESSES).then(|| start_ticks(std::process::id()).unwrap_or(u64::MAX)),
                 name,
                 before: pids
                     .into_iter()
                     .filter_map(|pid| Counters::of(pid).map(|counters| (pid, counters)))
                     .collect(),
             })
-            .filter(|group| !group.before.is_empty())
+            .filter(|group| !group.before.is_empty() || group.joined_since.is_some())
             .collect();
         Self { groups }
     }
@@ -104,20 +106,31 @@ impl CostMeter {
         let per_intent = |total: f64| total / intents.max(1) as f64;
         self.groups
             .into_iter()
-            .map(|group| {
+            .filter_map(|group| {
                 let mut spent = Counters::default();
-                for (pid, before) in &group.before {
+                let mut before = group.before;
+                if let Some(since) = group.joined_since {
+                    let known: Vec<u32> = before.iter().map(|(pid, _)| *pid).collect();
+                    let joined = store_processes_started_since(since)
+                        .into_iter()
+                        .filter(|pid| !known.contains(pid));
+                    before.extend(joined.map(|pid| (pid, Counters::default())));
+                }
+                if before.is_empty() {
+                    return None;
+                }
+                for (pid, before) in &before {
                     if let Some(after) = Counters::of(*pid) {
                         spent.cpu_s += (after.cpu_s - before.cpu_s).max(0.0);
                         spent.context_switches += after.context_switches.saturating_sub(before.context_switches);
                     }
                 }
-                ProcessCpu {
+                Some(ProcessCpu {
                     process: group.name,
                     cpu_s: spent.cpu_s,
                     ms_per_intent: per_intent(spent.cpu_s * 1_000.0),
                     context_switches_per_intent: Some(per_intent(spent.context_switches as f64)),
-                }
+                })
             })
             .collect()
     }
