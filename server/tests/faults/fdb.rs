@@ -169,7 +169,7 @@ pub async fn label_rows(cluster: &FdbCluster, prefix: &str) -> Vec<LabelRow> {
     ];
     let config = server::config::Config::load(None, env).expect("the cluster's config");
     let clock = store_core::SystemClock::shared();
-    let store = match server::backend::open_store(&config.store, store_core::Policy::default(), &clock).await {
+    let store = match store_registry::open_store(&config.store, store_core::Policy::default(), &clock).await {
         Ok(server::backend::OpenedStore::Foundationdb(store)) => store,
         Ok(_) => panic!("a FoundationDB config opens FoundationDB"),
         Err(error) => panic!("open the FoundationDB store: {error}"),
