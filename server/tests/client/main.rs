@@ -20,12 +20,11 @@ use idem_client::{
     GiveUpReason, IdemClient, IntentError, IntentKey, ManualClock, RETRY_COST_TOKENS, RetryBudget, RetryPolicy,
 };
 use server::carrier::{CarrierStats, read_stats};
-use server::failpoints::{AFTER_CARRIER, AFTER_CLAIM, AFTER_COMMIT, FAILPOINTS_VARIABLE, REACHED_MARKER};
-use std::path::Path;
+use server::failpoints::{AFTER_CARRIER, AFTER_CLAIM, AFTER_COMMIT};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use test_support::callers::{ALICE, callers_env, label_body, unique_order_id};
-use test_support::process::{ProcessSpec, ServerProcess, pair};
+use test_support::process::pair;
 
 /// The path of CreateLabel.
 const LABELS_PATH: &str = "/v1/labels";
@@ -37,31 +36,12 @@ const ATTEMPT_TIMEOUT_MS: u64 = 5_000;
 /// The whole intent's deadline in these tests.
 const INTENT_TIMEOUT_MS: u64 = 60_000;
 
-/// The carrier simulator as a process of its own: it outlives the
-/// service's crashes and counts every purchase.
-async fn start_carrier(dir: &Path) -> ServerProcess {
-    let env = [
-        pair("IDEM__CARRIER__SIMULATOR__LATENCY_MS_MIN", 0),
-        pair("IDEM__CARRIER__SIMULATOR__LATENCY_MS_MAX", 2),
-        pair("IDEM__CARRIER__SIMULATOR__LOST_REPLY_RATE", 0.0),
-    ];
-    start(&["carrier", "--listen", "127.0.0.1:0"], &env, None, dir).await
-}
+// The binary as a child process: the reliability suite's module, one
+// place for how a test starts the server (failpoints and all).
+#[path = "../reliability/support/process.rs"]
+mod process;
 
-/// `server ARGS` with `env` (and `FAILPOINTS` when given) in `dir`.
-async fn start(args: &[&str], env: &[(String, String)], failpoints: Option<&str>, dir: &Path) -> ServerProcess {
-    let mut spec = ProcessSpec::new(env!("CARGO_BIN_EXE_server"), args, dir)
-        .env([("IDEM__LOG__LEVEL", "warn,server=info")])
-        .env(env.iter().cloned());
-    spec.env_removed.push(FAILPOINTS_VARIABLE.to_owned());
-    spec.line_marker = Some(REACHED_MARKER.to_owned());
-    if let Some(failpoints) = failpoints {
-        spec = spec.env([(FAILPOINTS_VARIABLE, failpoints)]);
-    }
-    ServerProcess::start(spec)
-        .await
-        .unwrap_or_else(|error| panic!("the server process: {error}"))
-}
+use process::{ServerProcess, start_carrier, start_server};
 
 /// One Label service with its carrier and its data, on a port that stays
 /// the same across restarts (the client keeps its URL).
@@ -76,7 +56,7 @@ impl Service {
     /// The settings of every process of this service, plus `extra`.
     async fn new(extra: &[(&str, String)]) -> Self {
         let data = tempfile::tempdir().expect("temporary directory");
-        let carrier = start_carrier(data.path()).await;
+        let carrier = start_carrier((0, 2), 0.0, data.path()).await;
         let port = test_support::free_loopback_port().expect("a free port");
         let mut env = vec![
             pair("IDEM__SERVER__LISTEN", format!("127.0.0.1:{port}")),
@@ -96,7 +76,7 @@ impl Service {
     }
 
     async fn start(&self, failpoints: Option<&str>) -> ServerProcess {
-        start(&[], &self.env, failpoints, self.data.path()).await
+        start_server(&[], &self.env, failpoints, self.data.path()).await
     }
 
     async fn carrier_stats(&self) -> CarrierStats {
