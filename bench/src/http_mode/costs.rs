@@ -59,6 +59,19 @@ struct Group {
     joined_since: Option<u64>,
 }
 
+impl Group {
+    fn of(name: &str, pids: Vec<u32>) -> Self {
+        Self {
+            name: name.to_owned(),
+            before: pids
+                .into_iter()
+                .filter_map(|pid| Counters::of(pid).map(|counters| (pid, counters)))
+                .collect(),
+            joined_since: None,
+        }
+    }
+}
+
 /// Counters of the processes involved, read before and after the load.
 pub struct CostMeter {
     groups: Vec<Group>,
@@ -68,35 +81,27 @@ impl CostMeter {
     /// Reads the counters of the bench, the spawned service(s), the carrier
     /// simulator and the store's servers started after the bench.
     pub fn start(spawned: Option<&SpawnedServer>) -> Self {
-        let mut named = vec![("idem-bench".to_owned(), vec![std::process::id()])];
+        let mut groups = vec![Group::of("idem-bench", vec![std::process::id()])];
         if let Some(spawned) = spawned {
             for (number, pid) in spawned.pids().into_iter().enumerate() {
                 let name = match number {
                     0 => "label service".to_owned(),
                     _ => format!("label service {}", number + 1),
                 };
-                named.push((name, vec![pid]));
+                groups.push(Group::of(&name, vec![pid]));
             }
-            named.extend(
+            groups.extend(
                 spawned
                     .carrier_pid()
-                    .map(|pid| ("carrier simulator".to_owned(), vec![pid])),
+                    .map(|pid| Group::of("carrier simulator", vec![pid])),
             );
             let since = start_ticks(std::process::id()).unwrap_or(u64::MAX);
-            named.push((STORE_PROCESSES.to_owned(), store_processes_started_since(since)));
+            groups.push(Group {
+                joined_since: Some(since),
+                ..Group::of(STORE_PROCESSES, store_processes_started_since(since))
+            });
         }
-        let groups = named
-            .into_iter()
-            .map(|(name, pids)| Group {
-                joined_since: (name == STORE_PROCESSES).then(|| start_ticks(std::process::id()).unwrap_or(u64::MAX)),
-                name,
-                before: pids
-                    .into_iter()
-                    .filter_map(|pid| Counters::of(pid).map(|counters| (pid, counters)))
-                    .collect(),
-            })
-            .filter(|group| !group.before.is_empty() || group.joined_since.is_some())
-            .collect();
+        groups.retain(|group| !group.before.is_empty() || group.joined_since.is_some());
         Self { groups }
     }
 
