@@ -49,7 +49,15 @@ pub const CLAIM_BATCH_QUEUED_ITEMS_MAX: usize = 4_096;
 /// record's columns (`record_columns!`) stay unambiguous. The main SELECT
 /// does not see the CTE's inserts, so `found` is about a record that was
 /// there before, as in the one-key statement.
-const CLAIM_BATCH: &str = concat!(
+///
+/// Each item reads its record and its tombstone through a `LATERAL`
+/// subquery with `LIMIT 1`, which the planner cannot flatten into a join:
+/// every lookup is a probe of the table's primary key. As a plain join, the
+/// prepared statement's generic plan (planned for an array of unknown
+/// length, on statistics of a table that was small when the plan was made)
+/// was a hash join over a sequential scan of the whole table, once per
+/// batch, and its cost grew with every record the store kept.
+pub(crate) const CLAIM_BATCH: &str = concat!(
     "WITH clock AS (SELECT date_trunc('milliseconds', now()) AS now), \
      items AS (SELECT * FROM unnest($1::text[], $2::bytea[], $3::bytea[], $4::uuid[], $5::bigint[], $6::bigint[]) \
          WITH ORDINALITY AS item(batch_caller, batch_key, batch_hash, batch_token, batch_lease_ms, \
@@ -61,18 +69,21 @@ const CLAIM_BATCH: &str = concat!(
              clock.now + item.batch_lease_ms * interval '1 millisecond', item.batch_token, clock.now, \
              clock.now + item.batch_retention_ms * interval '1 millisecond' \
            FROM items AS item CROSS JOIN clock \
-          WHERE NOT EXISTS (SELECT 1 FROM idempotency_tombstones AS tombstones \
-              WHERE tombstones.caller_id = item.batch_caller AND tombstones.idem_key = item.batch_key \
-                AND tombstones.expires_at > clock.now) \
+           LEFT JOIN LATERAL (SELECT true AS live FROM idempotency_tombstones AS tombstones \
+               WHERE tombstones.caller_id = item.batch_caller AND tombstones.idem_key = item.batch_key \
+                 AND tombstones.expires_at > clock.now LIMIT 1) AS tombstone ON true \
+          WHERE tombstone.live IS NULL \
           ORDER BY item.batch_position \
-         ON CONFLICT (caller_id, idem_key) DO NOTHING RETURNING caller_id, idem_key) \
+         ON CONFLICT (caller_id, idem_key) DO NOTHING RETURNING caller_id AS inserted_caller, \
+             idem_key AS inserted_key) \
      SELECT item.batch_position AS position, clock.now AS now, \
-         EXISTS (SELECT 1 FROM inserted \
-             WHERE inserted.caller_id = item.batch_caller AND inserted.idem_key = item.batch_key) AS inserted, \
+         inserted.inserted_key IS NOT NULL AS inserted, \
          keys.request_hash IS NOT NULL AS found, ",
     record_columns!(),
     " FROM items AS item CROSS JOIN clock \
-       LEFT JOIN idempotency_keys AS keys ON keys.caller_id = item.batch_caller AND keys.idem_key = item.batch_key \
+       LEFT JOIN LATERAL (SELECT * FROM idempotency_keys AS stored \
+           WHERE stored.caller_id = item.batch_caller AND stored.idem_key = item.batch_key LIMIT 1) AS keys ON true \
+       LEFT JOIN inserted ON inserted.inserted_caller = item.batch_caller AND inserted.inserted_key = item.batch_key \
       ORDER BY item.batch_position"
 );
 

@@ -17,6 +17,9 @@ pub(crate) enum ListenerTls {
     Rustls(tokio_postgres_rustls::MakeRustlsConnect),
 }
 
+/// How the store's connections plan their prepared statements
+/// (`driver_config` says why; PostgreSQL 12 or later).
+pub const PLAN_CACHE_MODE: &str = "force_generic_plan";
 /// Connections the pool keeps open at most. Chosen by measurement: 48
 /// connections gave a worse p99 than 16 at 1,000/s over HTTP on 2 cores
 /// (BENCHMARKS.md, "The PostgreSQL pool size").
@@ -209,12 +212,20 @@ impl PostgresConfig {
         }
     }
 
-    /// The driver's config: the URL plus our timeouts. The server-side
-    /// timeouts travel as startup options, appended to any the URL carries.
+    /// The driver's config: the URL plus our timeouts and plan cache mode.
+    /// The server-side settings travel as startup options, appended to any
+    /// the URL carries.
+    ///
+    /// `plan_cache_mode = force_generic_plan`: every statement of the store
+    /// is prepared once per connection and looks rows up by key, so one
+    /// generic plan (an index probe) serves every execution. Left to choose,
+    /// PostgreSQL planned most executions again as custom plans, a fifth of
+    /// its CPU per request at 1,000/s (BENCHMARKS.md). `tests/plans.rs`
+    /// checks that the generic plans probe the primary keys.
     fn driver_config(&self) -> Result<tokio_postgres::Config, ConfigError> {
         let mut config: tokio_postgres::Config = self.url.parse().map_err(ConfigError::Url)?;
         let options = format!(
-            "{} -c statement_timeout={} -c idle_in_transaction_session_timeout={}",
+            "{} -c statement_timeout={} -c idle_in_transaction_session_timeout={} -c plan_cache_mode={PLAN_CACHE_MODE}",
             config.get_options().unwrap_or_default(),
             self.statement_timeout_ms,
             self.idle_in_transaction_timeout_ms,
@@ -389,6 +400,7 @@ mod tests {
         let options = driver.get_options().unwrap_or_default();
         assert!(options.starts_with("-c search_path=x"), "{options}");
         assert!(options.contains("-c statement_timeout=1234"), "{options}");
+        assert!(options.contains("-c plan_cache_mode=force_generic_plan"), "{options}");
         assert!(matches!(
             PostgresConfig::new("postgres://[::1").driver_config(),
             Err(ConfigError::Url(_))

@@ -38,10 +38,16 @@ use store_core::{BatchRunner, ClaimOutcome, ClaimRequest, Fenced, HeldLease, Pol
 use tempfile::TempDir;
 use test_support::tls::TestCertificates;
 
+/// The batched claim's statement, for tests that look at its plan.
+pub const CLAIM_BATCH_STATEMENT: &str = crate::claim_batch::CLAIM_BATCH;
 /// Where Debian's packages install the server binaries, one folder per version.
 pub const DEBIAN_POSTGRESQL_DIR: &str = "/usr/lib/postgresql";
 /// Names a folder with `initdb`, `pg_ctl` and `postgres` to use instead.
 pub const BIN_DIR_VARIABLE: &str = "IDEM_POSTGRES_BIN_DIR";
+/// More server settings, appended to the harness's own (`-c name=value`
+/// ...): a way to look inside a benchmark's server, e.g. with
+/// `pg_stat_statements` (BENCHMARKS.md).
+pub const EXTRA_OPTIONS_VARIABLE: &str = "IDEM_POSTGRES_SERVER_OPTIONS";
 /// The OS user that owns the cluster when the tests run as root.
 pub const SERVER_OS_USER: &str = "postgres";
 /// The database superuser the cluster is made with; connections trust it.
@@ -538,9 +544,10 @@ impl PostgresServer {
         };
         let options = format!(
             "-c port={} -c listen_addresses=127.0.0.1 -c unix_socket_directories='{}' \
-             -c max_connections={SERVER_CONNECTIONS_MAX} {durability}",
+             -c max_connections={SERVER_CONNECTIONS_MAX} {durability} {}",
             self.port,
             self.directory.path().display(),
+            std::env::var(EXTRA_OPTIONS_VARIABLE).unwrap_or_default(),
         );
         let mut command = self.server_command("pg_ctl");
         command
