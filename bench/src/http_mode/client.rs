@@ -473,22 +473,46 @@ pub struct IntentEntry {
     pub failures: Vec<String>,
 }
 
+/// Maps the intent log is split over, by operation number. One map of
+/// every intent stalled the whole client while it grew: the rehash of a
+/// map past 57,000 and 115,000 entries held its lock (and the dispatcher,
+/// which starts every intent) for tens of milliseconds, a latency spike
+/// charged to every backend (BENCHMARKS.md, "Current figures"). Split,
+/// each map grows in steps a sixty-fourth of the size.
+const INTENT_LOG_SHARDS: u64 = 64;
+
 /// Every intent started in the run, by operation number.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct IntentLog {
-    entries: Mutex<HashMap<u64, IntentEntry>>,
+    shards: Vec<Mutex<HashMap<u64, IntentEntry>>>,
     copies_running: AtomicU64,
     all_copies_done: Notify,
 }
 
+impl Default for IntentLog {
+    fn default() -> Self {
+        Self {
+            shards: (0..INTENT_LOG_SHARDS).map(|_| Mutex::default()).collect(),
+            copies_running: AtomicU64::new(0),
+            all_copies_done: Notify::new(),
+        }
+    }
+}
+
 impl IntentLog {
-    fn entries(&self) -> MutexGuard<'_, HashMap<u64, IntentEntry>> {
-        self.entries.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    /// The map that holds intent `index`.
+    fn entries(&self, index: u64) -> MutexGuard<'_, HashMap<u64, IntentEntry>> {
+        let shard = &self.shards[(index % INTENT_LOG_SHARDS) as usize];
+        shard.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn all_entries(&self) -> impl Iterator<Item = MutexGuard<'_, HashMap<u64, IntentEntry>>> {
+        (0..INTENT_LOG_SHARDS).map(|shard| self.entries(shard))
     }
 
     fn start(&self, intent: Intent, copies: u32) {
         self.copies_running.fetch_add(u64::from(copies), Ordering::SeqCst);
-        self.entries().insert(
+        self.entries(intent.index).insert(
             intent.index,
             IntentEntry {
                 intent,
@@ -502,7 +526,7 @@ impl IntentLog {
     }
 
     fn finish_copy(&self, index: u64, result: &CopyResult) {
-        if let Some(entry) = self.entries().get_mut(&index) {
+        if let Some(entry) = self.entries(index).get_mut(&index) {
             entry.copies_running = entry.copies_running.saturating_sub(1);
             entry.attempts += result.attempts;
             entry.labels.extend(result.labels.iter().cloned());
@@ -517,7 +541,7 @@ impl IntentLog {
 
     /// Intents started so far.
     pub fn len(&self) -> usize {
-        self.entries().len()
+        self.all_entries().map(|entries| entries.len()).sum()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -543,7 +567,10 @@ impl IntentLog {
     }
 
     pub fn snapshot(&self) -> Vec<IntentEntry> {
-        let mut entries: Vec<IntentEntry> = self.entries().values().cloned().collect();
+        let mut entries: Vec<IntentEntry> = self
+            .all_entries()
+            .flat_map(|entries| entries.values().cloned().collect::<Vec<_>>())
+            .collect();
         entries.sort_by_key(|entry| entry.intent.index);
         entries
     }

@@ -32,7 +32,9 @@ use idem_http::saved::response_from_saved;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
+use std::collections::hash_map::RandomState;
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::hash::BuildHasher;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -110,11 +112,33 @@ struct Purchase {
     label_version: u32,
 }
 
+/// Maps the sales are split over. One map of every sale stalled every call
+/// while it grew: at 2,000 sales/s, the rehash of a map past 57,000 and
+/// 115,000 entries stopped the simulator's one thread for tens of
+/// milliseconds, and each stop was a latency spike in every backend's
+/// 2,000/s run (BENCHMARKS.md, "Current figures"). Split, each map grows
+/// in steps a sixty-fourth of the size.
+const SALE_SHARDS: usize = 64;
+
 /// The carrier's idempotency records and its purchases, under one lock.
-#[derive(Default)]
 struct SaleBook {
-    sales: HashMap<String, Sale>,
+    sales: Vec<HashMap<String, Sale>>,
+    /// Which of `sales` holds a key.
+    shard_hasher: RandomState,
+    /// Reserved for [`PURCHASES_MAX`] at once, so that it never moves
+    /// while it grows (the reservation is address space; only the pages
+    /// written are memory).
     purchases: Vec<Purchase>,
+}
+
+impl Default for SaleBook {
+    fn default() -> Self {
+        Self {
+            sales: (0..SALE_SHARDS).map(|_| HashMap::new()).collect(),
+            shard_hasher: RandomState::new(),
+            purchases: Vec::with_capacity(PURCHASES_MAX),
+        }
+    }
 }
 
 /// The record of one carrier key.
@@ -137,11 +161,16 @@ enum SaleClaim {
 }
 
 impl SaleBook {
+    fn sales_of(&mut self, carrier_key: &str) -> &mut HashMap<String, Sale> {
+        let shard = self.shard_hasher.hash_one(carrier_key) as usize % SALE_SHARDS;
+        &mut self.sales[shard]
+    }
+
     fn claim(&mut self, carrier_key: &str, fingerprint: Fingerprint) -> SaleClaim {
-        match self.sales.get(carrier_key) {
+        let sales = self.sales_of(carrier_key);
+        match sales.get(carrier_key) {
             None => {
-                self.sales
-                    .insert(carrier_key.to_owned(), Sale::InProgress { fingerprint });
+                sales.insert(carrier_key.to_owned(), Sale::InProgress { fingerprint });
                 SaleClaim::Acquired
             }
             Some(Sale::InProgress { fingerprint: held } | Sale::Sold { fingerprint: held, .. })
@@ -157,15 +186,17 @@ impl SaleBook {
     /// The claiming call sold nothing (an injected error, a bad body): the
     /// key is free again.
     fn unclaim(&mut self, carrier_key: &str) {
-        if let Some(Sale::InProgress { .. }) = self.sales.get(carrier_key) {
-            self.sales.remove(carrier_key);
+        let sales = self.sales_of(carrier_key);
+        if let Some(Sale::InProgress { .. }) = sales.get(carrier_key) {
+            sales.remove(carrier_key);
         }
     }
 
     /// Records the purchase and the answer together, or (with the reason)
     /// nothing at all.
     fn sell(&mut self, purchase: Purchase, answer: SavedResponse) -> Result<(), &'static str> {
-        let Some(Sale::InProgress { fingerprint }) = self.sales.get(&purchase.carrier_key) else {
+        let Some(Sale::InProgress { fingerprint }) = self.sales_of(&purchase.carrier_key).get(&purchase.carrier_key)
+        else {
             // Only the call that claimed the key sells, and nothing else
             // ends its claim meanwhile.
             return Err("the sale's claim is gone");
@@ -175,7 +206,7 @@ impl SaleBook {
             self.unclaim(&purchase.carrier_key);
             return Err("the simulator made as many purchases as it can hold");
         }
-        self.sales
+        self.sales_of(&purchase.carrier_key)
             .insert(purchase.carrier_key.clone(), Sale::Sold { fingerprint, answer });
         self.purchases.push(purchase);
         Ok(())
