@@ -258,7 +258,14 @@ async fn bad_counts_and_batches_are_refused_with_their_reason() {
         (&["--records", "0"], "--records must be at least 1"),
         (&["--records", "200000001"], "more than 200000000"),
         (
-            &["--records", "10", "--batch-records", "10001", "--embedded-durability", "buffer"],
+            &[
+                "--records",
+                "10",
+                "--batch-records",
+                "10001",
+                "--embedded-durability",
+                "buffer",
+            ],
             "--batch-records 10001 must be between 1 and embedded's 10000",
         ),
     ];

@@ -10,7 +10,9 @@
 //! wrote. The service never calls it; benchmarks and capacity tests do.
 
 use crate::store::StoreError;
-use crate::types::{CallerId, Fingerprint, IdempotencyKey, InvalidInput, LeaseToken, Record, RecordState, SavedResponse};
+use crate::types::{
+    CallerId, Fingerprint, IdempotencyKey, InvalidInput, LeaseToken, Record, RecordState, SavedResponse,
+};
 use async_trait::async_trait;
 
 /// One completed record to load: what a first run of `key` for `caller`
@@ -162,7 +164,13 @@ mod tests {
         );
         let record = completed(1_000, 2_000).unwrap().record();
         assert_eq!((record.created_at_ms, record.expires_at_ms), (1_000, 2_000));
-        assert!(matches!(record.state, RecordState::Completed { completed_by: LeaseToken(7), .. }));
+        assert!(matches!(
+            record.state,
+            RecordState::Completed {
+                completed_by: LeaseToken(7),
+                ..
+            }
+        ));
     }
 
     #[test]

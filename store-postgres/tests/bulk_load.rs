@@ -8,7 +8,7 @@ use store_core::testkit::bulk::{
     a_bulk_batch_over_the_limit_writes_nothing, bulk_loaded_records_read_back_and_replay, completed_records,
 };
 use store_core::testkit::unique_caller;
-use store_core::{BulkLoad, Clock, StoreError, SystemClock};
+use store_core::{BulkLoad, StoreError, SystemClock};
 
 fn now_ms() -> u64 {
     SystemClock::shared().now_ms()

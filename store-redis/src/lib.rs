@@ -34,8 +34,8 @@ mod tls;
 #[cfg(feature = "testkit")]
 pub mod testkit;
 
-pub use bulk::BULK_LOAD_RECORDS_PER_PIPELINE_MAX;
 pub use batch::{CLAIM_BATCH_QUEUED_ITEMS_MAX, CLAIM_BATCHES_IN_FLIGHT_MAX};
+pub use bulk::BULK_LOAD_RECORDS_PER_PIPELINE_MAX;
 pub use checks::{NodeFacts, ServerRefusal, ServerReport, ServerWarning};
 pub use config::{
     BATCH_ITEMS_MAX, BATCH_ITEMS_MAX_DEFAULT, ConfigError, RedisConfig, RedisTls, TLS_SCHEME, WaitConfig,

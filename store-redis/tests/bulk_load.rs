@@ -9,7 +9,7 @@ use store_core::testkit::bulk::{
     a_bulk_batch_over_the_limit_writes_nothing, bulk_loaded_records_read_back_and_replay, completed_records,
 };
 use store_core::testkit::unique_caller;
-use store_core::{BulkLoad, Clock, SystemClock};
+use store_core::{BulkLoad, SystemClock};
 use store_redis::RedisStore;
 use store_redis::testkit::{shared_cluster, shared_server};
 
@@ -27,7 +27,9 @@ async fn pipelined_records_read_back_and_replay_on_a_standalone_server() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pipelined_records_read_back_and_replay_on_cluster() {
     let cluster = shared_cluster().expect("redis cluster starts");
-    let store = RedisStore::connect(cluster.config(), common::policy()).await.expect("store connects");
+    let store = RedisStore::connect(cluster.config(), common::policy())
+        .await
+        .expect("store connects");
     bulk_loaded_records_read_back_and_replay(&store, now_ms()).await;
 }
 

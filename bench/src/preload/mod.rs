@@ -16,7 +16,7 @@
 //! Batches go to the store two at a time ([`BATCHES_IN_FLIGHT`]), so the
 //! next batch is made while one is written. A line of progress every
 //! second (unless `--quiet`), then a summary: records written, elapsed
-//! time, rate, and the store's size (the embedded directory's bytes,
+//! time, rate, and the store's size (the disk space of the embedded directory's files,
 //! PostgreSQL's table with its indexes, Redis's `used_memory` growth;
 //! FoundationDB is not measured) and bytes per record.
 
@@ -32,7 +32,7 @@ use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use store_core::{BulkLoad, CallerId, Clock, InvalidInput, Policy, RETENTION_MS_MAX, StoreError, SystemClock};
+use store_core::{BulkLoad, CallerId, InvalidInput, Policy, RETENTION_MS_MAX, StoreError, SystemClock};
 use store_registry::StoreKind;
 use target::PreloadTarget;
 use tokio::task::JoinSet;
@@ -367,7 +367,10 @@ pub fn render(report: &PreloadReport) -> String {
         _ => format!(
             "size {}{}",
             size.method,
-            size.error.as_ref().map(|error| format!(" ({error})")).unwrap_or_default()
+            size.error
+                .as_ref()
+                .map(|error| format!(" ({error})"))
+                .unwrap_or_default()
         ),
     };
     format!(
@@ -409,7 +412,10 @@ mod tests {
 
     #[test]
     fn bad_counts_retentions_callers_and_batches_are_refused_by_name() {
-        assert!(matches!(args(&["--records", "0"]).settings(), Err(PreloadError::NoRecords)));
+        assert!(matches!(
+            args(&["--records", "0"]).settings(),
+            Err(PreloadError::NoRecords)
+        ));
         assert!(matches!(
             args(&["--records", "200000001"]).settings(),
             Err(PreloadError::TooManyRecords { records: 200_000_001 })
@@ -430,7 +436,10 @@ mod tests {
         assert_eq!(batch_records(Some(500), "redis", 2_000).unwrap(), 500);
         for refused in [0, 2_001] {
             let error = batch_records(Some(refused), "redis", 2_000).unwrap_err();
-            assert!(matches!(error, PreloadError::BatchRecords { max: 2_000, .. }), "{error}");
+            assert!(
+                matches!(error, PreloadError::BatchRecords { max: 2_000, .. }),
+                "{error}"
+            );
         }
     }
 

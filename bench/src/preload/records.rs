@@ -104,7 +104,10 @@ impl PreloadRecords {
 /// The Label service's 201 for `intent`: the label JSON in the service's
 /// field order, `content-type` and `location`, as idem-http saves them.
 pub fn label_created(intent: &Intent, created_at_ms: u64) -> Result<SavedResponse, InvalidInput> {
-    let label_id = format!("lbl_{:016x}", intent.order_id.rotate_left(17) ^ u64::from(intent.parcel_no));
+    let label_id = format!(
+        "lbl_{:016x}",
+        intent.order_id.rotate_left(17) ^ u64::from(intent.parcel_no)
+    );
     let body = format!(
         concat!(
             r#"{{"label_id":"{label_id}","order_id":{order_id},"parcel_no":{parcel_no},"label_version":{version},"#,
@@ -170,7 +173,10 @@ mod tests {
         let label: serde_json::Value = serde_json::from_slice(response.body()).unwrap();
         assert_eq!(
             response.headers()[1],
-            ("location".to_owned(), format!("/v1/labels/{}", label["label_id"].as_str().unwrap()))
+            (
+                "location".to_owned(),
+                format!("/v1/labels/{}", label["label_id"].as_str().unwrap())
+            )
         );
         assert_eq!(label["created_at"], "1970-01-01T00:16:40.000Z");
         let saved_bytes: usize = response.body().len()

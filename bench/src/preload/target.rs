@@ -24,7 +24,7 @@ pub struct PreloadTarget {
 
 /// How a backend's size is measured, before and after the load.
 pub enum SizeProbe {
-    /// The bytes of every file under the embedded store's directory
+    /// The disk space of every file under the embedded store's directory
     /// (tables and journal).
     Directory(PathBuf),
     /// `pg_total_relation_size('idempotency_keys')`: the table, its TOAST
@@ -42,7 +42,7 @@ impl SizeProbe {
     /// What the figure is, for the report.
     pub fn method(&self) -> String {
         match self {
-            SizeProbe::Directory(path) => format!("bytes of the files under {}", path.display()),
+            SizeProbe::Directory(path) => format!("disk space of the files under {}", path.display()),
             #[cfg(feature = "postgres")]
             SizeProbe::Postgres(_) => "pg_total_relation_size('idempotency_keys'): table, TOAST and indexes".into(),
             #[cfg(feature = "redis")]
@@ -64,8 +64,11 @@ impl SizeProbe {
     }
 }
 
-/// Every regular file's size under `path`, recursively.
+/// The disk space every regular file under `path` takes, recursively: its
+/// allocated blocks, not its length, since fjall makes each journal a
+/// sparse file of 64 MiB before writing to it.
 pub fn directory_bytes(path: &Path) -> std::io::Result<u64> {
+    use std::os::unix::fs::MetadataExt;
     let mut total = 0;
     for entry in std::fs::read_dir(path)? {
         let entry = entry?;
@@ -73,11 +76,14 @@ pub fn directory_bytes(path: &Path) -> std::io::Result<u64> {
         if kind.is_dir() {
             total += directory_bytes(&entry.path())?;
         } else if kind.is_file() {
-            total += entry.metadata()?.len();
+            total += entry.metadata()?.blocks() * BLOCK_BYTES;
         }
     }
     Ok(total)
 }
+
+/// The unit of `st_blocks` (stat(2)), whatever the file system's block size.
+const BLOCK_BYTES: u64 = 512;
 
 #[cfg(feature = "postgres")]
 async fn postgres_table_bytes(store: &store_postgres::PostgresStore) -> Result<u64, String> {
@@ -264,11 +270,15 @@ mod tests {
     }
 
     #[test]
-    fn a_directory_counts_its_files_recursively() {
+    fn a_directory_counts_the_space_its_files_take_not_their_lengths() {
         let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("a"), [0_u8; 10]).unwrap();
         std::fs::create_dir(dir.path().join("sub")).unwrap();
-        std::fs::write(dir.path().join("sub/b"), [0_u8; 5]).unwrap();
-        assert_eq!(directory_bytes(dir.path()).unwrap(), 15);
+        std::fs::write(dir.path().join("sub/written"), [7_u8; 100_000]).unwrap();
+        let written = directory_bytes(dir.path()).unwrap();
+        assert!(written >= 100_000, "{written}");
+        let sparse = std::fs::File::create(dir.path().join("sparse")).unwrap();
+        sparse.set_len(64 * 1024 * 1024).unwrap();
+        let with_sparse = directory_bytes(dir.path()).unwrap();
+        assert!(with_sparse < written + 1024 * 1024, "{with_sparse} after {written}");
     }
 }
