@@ -224,6 +224,11 @@ PY
     "${CARGO_TARGET_DIR:-target}/debug/idem-bench" http --store-kind foundationdb --server-bin "${CARGO_TARGET_DIR:-target}/debug/server" \
         --rate 50 --duration-s 3 --warmup-s 1 --duplicate-share 0.1 \
         --carrier-latency-ms-min 0 --carrier-latency-ms-max 5 --json "$report_dir/http.json"
+    # Preload's bulk path on FoundationDB (the store crate's tests check the
+    # records it writes read back and replay): exits non-zero unless every
+    # record was written.
+    "${CARGO_TARGET_DIR:-target}/debug/idem-bench" preload --store-kind foundationdb --records 2000 \
+        --batch-records 500 --quiet --json "$report_dir/preload.json"
     echo "== idem-bench on FoundationDB: $((SECONDS - phase_started)) s"
 }
 

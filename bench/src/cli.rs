@@ -39,6 +39,8 @@ pub enum Command {
     Http(crate::http_mode::cli::HttpArgs),
     /// Run the same workload against every backend this machine can start; print them side by side.
     Compare(CompareArgs),
+    /// Fill a store with completed label records at its backend's bulk path (records only, no label rows: they replay through the service from their saved responses, while GET /v1/labels/{id} of a loaded label answers 404), to measure it at the design's size.
+    Preload(crate::preload::PreloadArgs),
 }
 
 /// The offered load.

@@ -1,4 +1,4 @@
-//! The three commands: `store`, `http` and `compare`.
+//! The four commands: `store`, `http`, `compare` and `preload`.
 
 use crate::cli::{Cli, Command, CompareArgs, CompareMode, OutputArgs, StoreArgs};
 use crate::engine::PlanError;
@@ -29,6 +29,8 @@ pub enum BenchError {
     Output(#[from] OutputError),
     #[error(transparent)]
     Http(#[from] HttpError),
+    #[error(transparent)]
+    Preload(#[from] crate::preload::PreloadError),
 }
 
 /// Runs one command. A SIGINT or SIGTERM ends it early with a partial
@@ -43,6 +45,7 @@ pub async fn run(cli: Cli) -> ExitCode {
         Command::Store(args) => store(args).await,
         Command::Http(args) => http(args).await,
         Command::Compare(args) => compare(args).await,
+        Command::Preload(args) => preload(args).await,
     };
     match (result, interrupt::global().interruption()) {
         (Ok(_), Some(interruption)) => ExitCode::from(interruption.signal.exit_code()),
@@ -100,6 +103,23 @@ async fn http(args: http_mode::cli::HttpArgs) -> Result<ExitCode, BenchError> {
     report.http.push(http_report);
     finish(&mut report, &args.output)?;
     Ok(exit_for_audit(passed))
+}
+
+/// Fills one store; prints the summary and writes the JSON report (the
+/// report's `preload`).
+async fn preload(args: crate::preload::PreloadArgs) -> Result<ExitCode, BenchError> {
+    let seed = args.seed.unwrap_or_else(rand::random);
+    let mut report = Report::new(seed);
+    let preloaded = crate::preload::run(&args, seed).await?;
+    println!("{}", crate::preload::render(&preloaded));
+    report.preload = Some(preloaded);
+    report.interrupted = interrupt::global().interruption();
+    report.warnings = leftover_service_warnings().to_vec();
+    if let Some(path) = &args.json {
+        report.write_json(path)?;
+        eprintln!("report written to {}", path.display());
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 fn exit_for_audit(passed: bool) -> ExitCode {

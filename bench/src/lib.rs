@@ -12,6 +12,8 @@
 //! - [`http_mode`]: the Fulfilment service against the Label service, and
 //!   the audit of every intent.
 //! - [`compare`]: `compare --mode full`, the published set for every backend in one run, and its table.
+//! - [`preload`]: `preload`, a store filled with completed records at its
+//!   backend's bulk path, to be measured at the design's size.
 //! - [`interrupt`]: Ctrl-C and SIGTERM end a run early with a partial report.
 //! - [`output`], [`chart`], [`progress`]: tables, JSON, SVG, progress bar.
 //! - [`targets`]: the performance targets of BENCHMARKS.md, checked against what a run measured.
@@ -27,6 +29,7 @@ pub mod interrupt;
 pub mod machine;
 pub mod output;
 pub mod placement;
+pub mod preload;
 pub mod progress;
 pub mod ramp;
 pub mod recorder;

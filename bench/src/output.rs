@@ -5,6 +5,7 @@ use crate::chart;
 use crate::http_mode::HttpReport;
 use crate::interrupt::Interruption;
 use crate::machine::Machine;
+use crate::preload::PreloadReport;
 use crate::ramp::RampReport;
 use crate::report::{RUN_HEADERS, RunSummary, Table, ms, rate, run_row};
 use crate::store_mode::run::StoreReport;
@@ -42,6 +43,9 @@ pub struct Report {
     /// (services an earlier run left running).
     #[serde(default)]
     pub warnings: Vec<String>,
+    /// What `idem-bench preload` wrote.
+    #[serde(default)]
+    pub preload: Option<PreloadReport>,
 }
 
 /// The machine's 1-minute load average before and after one run.
@@ -79,6 +83,7 @@ impl Report {
             run_loads: Vec::new(),
             interrupted: None,
             warnings: Vec::new(),
+            preload: None,
         }
     }
 

@@ -1,5 +1,6 @@
 //! idem's store API: the types, the pure per-key state machine, the record
-//! and saved-response codecs, atomic completion ([`AtomicCompletion`]) and
+//! and saved-response codecs, atomic completion ([`AtomicCompletion`]),
+//! bulk loading of completed records ([`BulkLoad`]) and
 //! (behind the `testkit` feature) the conformance suites that every backend
 //! passes.
 //!
@@ -9,6 +10,7 @@
 
 pub mod atomic;
 pub mod batch;
+pub mod bulk;
 pub mod clock;
 pub mod codec;
 pub mod config_fields;
@@ -25,6 +27,7 @@ pub mod testkit;
 
 pub use atomic::{AtomicCompletion, CompleteWithError, CompleteWithFuture, Completion, EffectFuture, EffectScope};
 pub use batch::{BatchError, BatchLimits, BatchRunner, Batcher, InvalidBatchLimits};
+pub use bulk::{BulkLoad, CompletedRecord, check_bulk_batch};
 pub use clock::{Clock, ManualClock, SharedClock, SystemClock};
 pub use codec::{CodecError, decode_record, decode_response, encode_record, encode_response};
 pub use outcome::{Acquired, ClaimOutcome, ClaimRequest, Fenced, ForgetOutcome, HeldLease, PurgeReport};

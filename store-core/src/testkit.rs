@@ -628,5 +628,6 @@ macro_rules! conformance_tests {
 }
 
 pub mod atomic;
+pub mod bulk;
 pub mod model;
 pub mod waiting;

@@ -60,6 +60,8 @@ pub enum InvalidInput {
     RecoveryPointTooLarge { length: usize },
     #[error("policy: {0}")]
     Policy(&'static str),
+    #[error("a record created at {created_at_ms} ms must expire after it, not at {expires_at_ms} ms")]
+    RecordTimes { created_at_ms: u64, expires_at_ms: u64 },
 }
 
 /// Who is calling. Keys are scoped per caller: the same key under two callers

@@ -6,8 +6,11 @@
 //! when it reported an error. It runs on the embedded engine ([`embedded`],
 //! fjall, zero set-up) and on a FoundationDB cluster. The key record and the
 //! business effect commit in one transaction (store-core's
-//! [`store_core::AtomicCompletion`], implemented in `effect.rs`).
+//! [`store_core::AtomicCompletion`], implemented in `effect.rs`). Bulk
+//! loading of completed records ([`store_core::BulkLoad`], `bulk.rs`)
+//! writes many records per transaction.
 
+mod bulk;
 mod effect;
 pub mod embedded;
 pub mod engine;
@@ -27,6 +30,7 @@ pub use self::foundationdb_config::{FoundationDbConfig, KeyPrefix};
 /// FoundationDB's network options, for [`FoundationDbNetwork::start_with_options`].
 #[cfg(feature = "foundationdb")]
 pub use ::foundationdb::options::NetworkOption;
+pub use bulk::BULK_LOAD_RECORDS_PER_TRANSACTION_MAX;
 pub use embedded::{
     CACHE_BYTES_DEFAULT, CACHE_BYTES_MIN, DATA_DIR_DEFAULT, Durability, EMBEDDED_SIZE_BYTES_LIMIT, EmbeddedConfig,
     EmbeddedEngine, EmbeddedSizes, FaultPlan, JOURNAL_BYTES_MAX_DEFAULT, JOURNAL_BYTES_MAX_MIN, MEMTABLE_BYTES_DEFAULT,

@@ -974,6 +974,30 @@ pub async fn two_transactions_that_read_the_same_absent_key_and_insert_conflict<
     );
 }
 
+/// Bulk-loaded records read back and replay (store-core's behaviour), and
+/// their expiry index entries are written too: once the clock passes their
+/// expiry, the purge deletes every one of them.
+pub async fn bulk_loaded_records_read_back_replay_and_are_purged_when_due<E: Engine>(test: TestEngine<E>) {
+    use store_core::Clock as _;
+    use store_core::testkit::bulk::{BULK_TEST_RECORDS, BULK_TEST_REMAINING_MS};
+    let clock = test.clock.clone();
+    let store = test.store(purge_policy_lasting_tombstones());
+    store_core::testkit::bulk::bulk_loaded_records_read_back_and_replay(&store, clock.now_ms()).await;
+    let report = store.purge_expired(store_core::PURGE_BATCH_MAX).await.expect("purge");
+    assert_eq!(report.records_purged, 0, "nothing is due yet");
+    clock.advance_ms(BULK_TEST_REMAINING_MS + BULK_TEST_RECORDS as u64);
+    let report = store.purge_expired(store_core::PURGE_BATCH_MAX).await.expect("purge");
+    assert_eq!(report.records_purged, BULK_TEST_RECORDS as u64);
+}
+
+/// A bulk-load batch over the limit is refused whole (store-core's behaviour).
+pub async fn a_bulk_batch_over_the_limit_writes_nothing<E: Engine>(test: TestEngine<E>) {
+    use store_core::Clock as _;
+    let clock = test.clock.clone();
+    let store = test.store(purge_policy_lasting_tombstones());
+    store_core::testkit::bulk::a_bulk_batch_over_the_limit_writes_nothing(&store, clock.now_ms()).await;
+}
+
 /// Expands to one `#[tokio::test]` per behaviour of this suite. `$open` is
 /// an async fn returning a [`TestEngine`].
 #[macro_export]
@@ -990,7 +1014,9 @@ macro_rules! store_tests {
             complete_with_runs_the_effect_once_and_never_for_a_lost_lease,
             foundationdb_limits_are_enforced_with_its_error_kinds,
             a_transaction_older_than_five_seconds_is_too_old,
-            two_transactions_that_read_the_same_absent_key_and_insert_conflict
+            two_transactions_that_read_the_same_absent_key_and_insert_conflict,
+            bulk_loaded_records_read_back_replay_and_are_purged_when_due,
+            a_bulk_batch_over_the_limit_writes_nothing
         );
     };
     (@each $open:path; $($behaviour:ident),*) => {

@@ -15,10 +15,13 @@
 //!   the handler's own rows (a label) in the same transaction.
 //! - Every decision is store-core's pure state machine, run on the locked
 //!   row with the database's clock (`now()`), never the application's.
+//! - Bulk loading ([`store_core::BulkLoad`], `bulk.rs`) streams completed
+//!   records in with one binary `COPY` per batch.
 //! - The sweeper deletes expired rows in bounded batches on the `expires_at`
 //!   index with `FOR UPDATE SKIP LOCKED`, leaving tombstones so late retries
 //!   are noticed.
 
+mod bulk;
 mod claim_batch;
 mod completion_batch;
 mod config;
@@ -33,6 +36,7 @@ mod store;
 pub mod testkit;
 mod tls;
 
+pub use bulk::BULK_LOAD_ROWS_PER_COPY_MAX;
 pub use claim_batch::{BatchedClaim, CLAIM_BATCH_QUEUED_ITEMS_MAX};
 pub use completion_batch::{BatchedCompletion, COMPLETION_BATCH_QUEUED_ITEMS_MAX, OwnedRowEffect};
 pub use config::{

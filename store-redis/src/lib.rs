@@ -8,6 +8,8 @@
 //!   `store_core::machine` and reads the clock with `TIME`.
 //! - Retention and tombstones are Redis TTLs, so `purge_expired` has nothing
 //!   to do.
+//! - Bulk loading ([`store_core::BulkLoad`], `bulk.rs`) writes completed
+//!   records as the scripts leave them, many per pipeline.
 //! - [`RedisStore::connect`] refuses servers that may evict records and
 //!   reports missing persistence ([`checks`]).
 //!
@@ -16,6 +18,7 @@
 //! about each, and the test that shows it.
 
 mod batch;
+mod bulk;
 pub mod checks;
 pub mod config;
 mod connection;
@@ -32,6 +35,7 @@ mod tls;
 pub mod testkit;
 
 pub use batch::{CLAIM_BATCH_QUEUED_ITEMS_MAX, CLAIM_BATCHES_IN_FLIGHT_MAX};
+pub use bulk::BULK_LOAD_RECORDS_PER_PIPELINE_MAX;
 pub use checks::{NodeFacts, ServerRefusal, ServerReport, ServerWarning};
 pub use config::{
     BATCH_ITEMS_MAX, BATCH_ITEMS_MAX_DEFAULT, ConfigError, RedisConfig, RedisTls, TLS_SCHEME, WaitConfig,

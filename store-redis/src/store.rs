@@ -58,9 +58,9 @@ fn record_of_hash(fields: RawFields) -> Result<Record, StoreError> {
 /// The Redis backend. Cheap to clone; clones share one connection.
 #[derive(Clone)]
 pub struct RedisStore {
-    connection: Connection,
+    pub(crate) connection: Connection,
     scripts: Scripts,
-    policy: Policy,
+    pub(crate) policy: Policy,
     key_prefix: String,
     wait: Option<WaitConfig>,
     accept_eviction: bool,
@@ -243,7 +243,7 @@ impl RedisStore {
     /// With `WAIT` configured, waits until enough replicas have the write.
     /// Falling short is `Unavailable`: the write is on the primary but may
     /// be lost on failover, and sending the same call again is safe.
-    async fn wait_for_replicas(&self, name: &str, keys: &RecordKeys) -> Result<(), StoreError> {
+    pub(crate) async fn wait_for_replicas(&self, name: &str, keys: &RecordKeys) -> Result<(), StoreError> {
         let Some(wait) = self.wait else {
             return Ok(());
         };

@@ -1,0 +1,284 @@
+//! The store a preload fills, opened as `idem-bench store` opens it (the
+//! store registry; a spawned redis-server or PostgreSQL server unless a URL
+//! is given), and how its size on disk or in memory is measured.
+
+use crate::cli::BackendArgs;
+use crate::store_mode::embedded::durability_name;
+use crate::store_mode::{KeepAlive, TargetError};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use store_core::{BulkLoad, Policy};
+use store_fdb::EmbeddedConfig;
+use store_registry::{OpenedStore, StoreConfig, StoreKind};
+
+/// A store ready to be filled.
+pub struct PreloadTarget {
+    pub backend: &'static str,
+    /// Durability and deployment facts the figures depend on.
+    pub notes: Vec<String>,
+    pub store: Arc<dyn BulkLoad>,
+    pub size: SizeProbe,
+    /// Spawned servers and the store itself, alive until the target drops.
+    pub keep_alive: Vec<KeepAlive>,
+}
+
+/// How a backend's size is measured, before and after the load.
+pub enum SizeProbe {
+    /// The disk space of every file under the embedded store's directory
+    /// (tables and journal).
+    Directory(PathBuf),
+    /// `pg_total_relation_size('idempotency_keys')`: the table, its TOAST
+    /// and its two indexes.
+    #[cfg(feature = "postgres")]
+    Postgres(Arc<store_postgres::PostgresStore>),
+    /// `used_memory` of `INFO memory`.
+    #[cfg(feature = "redis")]
+    Redis(String),
+    /// Not measured, and why.
+    Unmeasured(&'static str),
+}
+
+impl SizeProbe {
+    /// What the figure is, for the report.
+    pub fn method(&self) -> String {
+        match self {
+            SizeProbe::Directory(path) => format!("disk space of the files under {}", path.display()),
+            #[cfg(feature = "postgres")]
+            SizeProbe::Postgres(_) => "pg_total_relation_size('idempotency_keys'): table, TOAST and indexes".into(),
+            #[cfg(feature = "redis")]
+            SizeProbe::Redis(_) => "used_memory of INFO memory".into(),
+            SizeProbe::Unmeasured(why) => format!("not measured: {why}"),
+        }
+    }
+
+    /// The size now, in bytes; `None` when this backend is not measured.
+    pub async fn bytes(&self) -> Result<Option<u64>, String> {
+        match self {
+            SizeProbe::Directory(path) => directory_bytes(path).map(Some).map_err(|error| error.to_string()),
+            #[cfg(feature = "postgres")]
+            SizeProbe::Postgres(store) => postgres_table_bytes(store).await.map(Some),
+            #[cfg(feature = "redis")]
+            SizeProbe::Redis(url) => redis_used_memory(url).await.map(Some),
+            SizeProbe::Unmeasured(_) => Ok(None),
+        }
+    }
+}
+
+/// The disk space every regular file under `path` takes, recursively: its
+/// allocated blocks, not its length, since fjall makes each journal a
+/// sparse file of 64 MiB before writing to it.
+pub fn directory_bytes(path: &Path) -> std::io::Result<u64> {
+    use std::os::unix::fs::MetadataExt;
+    let mut total = 0;
+    for entry in std::fs::read_dir(path)? {
+        let entry = entry?;
+        let kind = entry.file_type()?;
+        if kind.is_dir() {
+            total += directory_bytes(&entry.path())?;
+        } else if kind.is_file() {
+            total += entry.metadata()?.blocks() * BLOCK_BYTES;
+        }
+    }
+    Ok(total)
+}
+
+/// The unit of `st_blocks` (stat(2)), whatever the file system's block size.
+const BLOCK_BYTES: u64 = 512;
+
+#[cfg(feature = "postgres")]
+async fn postgres_table_bytes(store: &store_postgres::PostgresStore) -> Result<u64, String> {
+    let client = store.pool().get().await.map_err(|error| error.to_string())?;
+    let row = client
+        .query_one("SELECT pg_total_relation_size('idempotency_keys')", &[])
+        .await
+        .map_err(|error| error.to_string())?;
+    let bytes: i64 = row.get(0);
+    u64::try_from(bytes).map_err(|error| error.to_string())
+}
+
+#[cfg(feature = "redis")]
+async fn redis_used_memory(url: &str) -> Result<u64, String> {
+    let client = redis::Client::open(url).map_err(|error| error.to_string())?;
+    let mut connection = client
+        .get_multiplexed_async_connection()
+        .await
+        .map_err(|error| error.to_string())?;
+    let info: String = redis::cmd("INFO")
+        .arg("memory")
+        .query_async(&mut connection)
+        .await
+        .map_err(|error| error.to_string())?;
+    used_memory(&info).ok_or_else(|| "INFO memory has no used_memory".to_owned())
+}
+
+/// `used_memory:N` of an `INFO memory` reply.
+pub fn used_memory(info: &str) -> Option<u64> {
+    info.lines()
+        .find_map(|line| line.strip_prefix("used_memory:"))
+        .and_then(|value| value.trim().parse().ok())
+}
+
+/// Opens the store `kind` names, with the same settings `idem-bench store`
+/// takes.
+pub async fn open(kind: StoreKind, args: &BackendArgs, policy: Policy) -> Result<PreloadTarget, TargetError> {
+    match kind {
+        StoreKind::Embedded => open_embedded(args, policy).await,
+        StoreKind::Redis => open_redis(args, policy).await,
+        StoreKind::Postgres => open_postgres(args, policy).await,
+        StoreKind::Foundationdb => open_foundationdb(args, policy).await,
+        other => Err(TargetError::unavailable(other.name(), "not a store preload fills")),
+    }
+}
+
+async fn open_embedded(args: &BackendArgs, policy: Policy) -> Result<PreloadTarget, TargetError> {
+    let mut config = match &args.embedded_dir {
+        Some(dir) => EmbeddedConfig::new(dir),
+        None => EmbeddedConfig::temporary(),
+    };
+    config.durability = args.embedded_durability.durability();
+    let kept = if args.embedded_dir.is_some() {
+        "kept"
+    } else {
+        "temporary: deleted at the end"
+    };
+    let notes = vec![
+        format!("durability: {}", durability_name(config.durability)),
+        format!("directory: {} ({kept})", config.path.display()),
+    ];
+    let store_config = StoreConfig {
+        kind: StoreKind::Embedded,
+        embedded: config.clone(),
+        ..StoreConfig::default()
+    };
+    let OpenedStore::Embedded(store) = crate::store_mode::open_store(&store_config, policy).await? else {
+        return Err(crate::store_mode::other_kind(StoreKind::Embedded));
+    };
+    Ok(PreloadTarget {
+        backend: "embedded",
+        notes,
+        store: store.clone(),
+        size: SizeProbe::Directory(config.path.clone()),
+        keep_alive: vec![Box::new(store)],
+    })
+}
+
+#[cfg(feature = "redis")]
+async fn open_redis(args: &BackendArgs, policy: Policy) -> Result<PreloadTarget, TargetError> {
+    let address = crate::store_mode::redis::server_for(args)?;
+    let store_config = StoreConfig {
+        kind: StoreKind::Redis,
+        redis: store_redis::RedisConfig::standalone(address.url.clone()),
+        ..StoreConfig::default()
+    };
+    let OpenedStore::Redis(store) = crate::store_mode::open_store(&store_config, policy).await? else {
+        return Err(crate::store_mode::other_kind(StoreKind::Redis));
+    };
+    let mut keep_alive: Vec<KeepAlive> = vec![Box::new(store.clone())];
+    keep_alive.extend(address.guard);
+    Ok(PreloadTarget {
+        backend: "redis",
+        notes: vec![format!("{}: {}", address.url, address.note)],
+        store,
+        size: SizeProbe::Redis(address.url),
+        keep_alive,
+    })
+}
+
+#[cfg(not(feature = "redis"))]
+async fn open_redis(_: &BackendArgs, _: Policy) -> Result<PreloadTarget, TargetError> {
+    Err(TargetError::NotBuilt("redis".into()))
+}
+
+#[cfg(feature = "postgres")]
+async fn open_postgres(args: &BackendArgs, policy: Policy) -> Result<PreloadTarget, TargetError> {
+    let address = crate::store_mode::postgres::database_for(args).await?;
+    let store_config = StoreConfig {
+        kind: StoreKind::Postgres,
+        postgres: store_postgres::PostgresConfig::new(address.url.clone()),
+        ..StoreConfig::default()
+    };
+    let OpenedStore::Postgres(store) = crate::store_mode::open_store(&store_config, policy).await? else {
+        return Err(crate::store_mode::other_kind(StoreKind::Postgres));
+    };
+    store
+        .migrate(&[])
+        .await
+        .map_err(|error| TargetError::unavailable("postgres", error))?;
+    let mut keep_alive: Vec<KeepAlive> = vec![Box::new(store.clone())];
+    keep_alive.extend(address.guard);
+    Ok(PreloadTarget {
+        backend: "postgres",
+        notes: vec![address.note],
+        store: store.clone(),
+        size: SizeProbe::Postgres(store),
+        keep_alive,
+    })
+}
+
+#[cfg(not(feature = "postgres"))]
+async fn open_postgres(_: &BackendArgs, _: Policy) -> Result<PreloadTarget, TargetError> {
+    Err(TargetError::NotBuilt("postgres".into()))
+}
+
+/// FoundationDB: the cluster `idem-bench store` would use, under the key
+/// prefix it would choose. Its size is not measured: the cluster's
+/// estimates (`status json`) lag behind writes by minutes and count every
+/// prefix and replica.
+#[cfg(feature = "foundationdb")]
+async fn open_foundationdb(args: &BackendArgs, policy: Policy) -> Result<PreloadTarget, TargetError> {
+    use crate::store_mode::foundationdb::{cluster_file, key_prefix};
+    let (cluster_file, cluster_shown) = cluster_file(args);
+    let prefix = key_prefix(args);
+    let store_config = StoreConfig {
+        kind: StoreKind::Foundationdb,
+        foundationdb: store_fdb::FoundationDbConfig {
+            cluster_file,
+            prefix: store_fdb::KeyPrefix::Bytes(prefix.clone().into_bytes()),
+            ..store_fdb::FoundationDbConfig::default()
+        },
+        ..StoreConfig::default()
+    };
+    let OpenedStore::Foundationdb(store) = crate::store_mode::open_store(&store_config, policy).await? else {
+        return Err(crate::store_mode::other_kind(StoreKind::Foundationdb));
+    };
+    Ok(PreloadTarget {
+        backend: "foundationdb",
+        notes: vec![
+            format!("cluster: {cluster_shown}"),
+            format!("key prefix: {prefix:?} (left in place)"),
+        ],
+        store: store.clone(),
+        size: SizeProbe::Unmeasured("FoundationDB's size estimates lag behind writes and cover the whole cluster"),
+        keep_alive: vec![Box::new(store)],
+    })
+}
+
+#[cfg(not(feature = "foundationdb"))]
+async fn open_foundationdb(_: &BackendArgs, _: Policy) -> Result<PreloadTarget, TargetError> {
+    Err(TargetError::NotBuilt("foundationdb".into()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn used_memory_is_read_from_info() {
+        let info = "# Memory\r\nused_memory:1048576\r\nused_memory_human:1.00M\r\n";
+        assert_eq!(used_memory(info), Some(1_048_576));
+        assert_eq!(used_memory("# Memory\r\n"), None);
+    }
+
+    #[test]
+    fn a_directory_counts_the_space_its_files_take_not_their_lengths() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("sub")).unwrap();
+        std::fs::write(dir.path().join("sub/written"), [7_u8; 100_000]).unwrap();
+        let written = directory_bytes(dir.path()).unwrap();
+        assert!(written >= 100_000, "{written}");
+        let sparse = std::fs::File::create(dir.path().join("sparse")).unwrap();
+        sparse.set_len(64 * 1024 * 1024).unwrap();
+        let with_sparse = directory_bytes(dir.path()).unwrap();
+        assert!(with_sparse < written + 1024 * 1024, "{with_sparse} after {written}");
+    }
+}
