@@ -10,8 +10,8 @@
 //! nothing, so the retry loop may run them again.
 
 use crate::engine::{Engine, MaybeCommitted, TRANSACTION_BYTES_MAX, Transaction, TxError};
-use crate::keys::{KIND_RECORD, RECORD_CHUNK_BYTES_MAX, RECORD_CHUNKS_MAX};
-use crate::store::FdbStore;
+use crate::keys::KIND_RECORD;
+use crate::store::{FdbStore, record_chunks};
 use async_trait::async_trait;
 use store_core::{BulkLoad, CompletedRecord, StoreError, check_bulk_batch, encode_record};
 
@@ -60,18 +60,11 @@ impl<E: Engine> FdbStore<E> {
         let layout = self.layout();
         let slot = layout.slot(loaded.caller(), loaded.key().digest());
         let bytes = encode_record(&loaded.record());
-        let chunks: Vec<(Vec<u8>, Vec<u8>)> = bytes
-            .chunks(RECORD_CHUNK_BYTES_MAX)
+        let chunks: Vec<(Vec<u8>, Vec<u8>)> = record_chunks(&bytes)?
+            .into_iter()
             .enumerate()
             .map(|(index, chunk)| (layout.record_chunk_key(&slot, index), chunk.to_vec()))
             .collect();
-        assert!(!chunks.is_empty(), "an encoded record has at least one chunk");
-        if chunks.len() > RECORD_CHUNKS_MAX {
-            return Err(StoreError::TooLarge(format!(
-                "record of {} bytes needs more than {RECORD_CHUNKS_MAX} chunks",
-                bytes.len()
-            )));
-        }
         let expiry_key = layout.expiry_key(&slot, loaded.expires_at_ms(), KIND_RECORD);
         Ok((chunks, expiry_key))
     }

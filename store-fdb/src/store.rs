@@ -218,17 +218,7 @@ impl<E: Engine> FdbStore<E> {
 
     async fn write_record(&self, tx: &E::Tx, slot: &Slot, existing: &Existing, new: &Record) -> Result<(), TxError> {
         let bytes = encode_record(new);
-        let chunks: Vec<&[u8]> = bytes.chunks(RECORD_CHUNK_BYTES_MAX).collect();
-        // A record is at least its version byte, so it has a first chunk,
-        // which is what read_record_bytes takes as "the record exists".
-        assert!(!chunks.is_empty(), "an encoded record has at least one chunk");
-        if chunks.len() > RECORD_CHUNKS_MAX {
-            let detail = format!(
-                "record of {} bytes needs more than {RECORD_CHUNKS_MAX} chunks",
-                bytes.len()
-            );
-            return Err(TxError::Abort(StoreError::TooLarge(detail)));
-        }
+        let chunks = record_chunks(&bytes).map_err(TxError::Abort)?;
         if existing.record_chunks > chunks.len() {
             // Fewer chunks than stored: the range clear removes the tail.
             self.delete_record(tx, slot, existing).await?;
@@ -386,6 +376,22 @@ impl<E: Engine> FdbStore<E> {
         tx.clear(&slot.tombstone_key)?;
         Ok(true)
     }
+}
+
+/// A record's encoded bytes cut into the chunks it is stored in (keys
+/// `record_chunk_key(slot, 0..)`), or `TooLarge` past [`RECORD_CHUNKS_MAX`].
+pub(crate) fn record_chunks(bytes: &[u8]) -> Result<Vec<&[u8]>, StoreError> {
+    let chunks: Vec<&[u8]> = bytes.chunks(RECORD_CHUNK_BYTES_MAX).collect();
+    // A record is at least its version byte, so it has a first chunk,
+    // which is what read_record_bytes takes as "the record exists".
+    assert!(!chunks.is_empty(), "an encoded record has at least one chunk");
+    if chunks.len() > RECORD_CHUNKS_MAX {
+        return Err(StoreError::TooLarge(format!(
+            "record of {} bytes needs more than {RECORD_CHUNKS_MAX} chunks",
+            bytes.len()
+        )));
+    }
+    Ok(chunks)
 }
 
 async fn read_record<T: Transaction>(tx: &T, slot: &Slot) -> Result<Option<Record>, TxError> {
