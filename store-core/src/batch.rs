@@ -39,7 +39,8 @@
 //!   fenced by its own token and repeating it is harmless.
 
 use async_trait::async_trait;
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
+use std::hash::Hash;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use tokio::sync::oneshot;
 
@@ -128,6 +129,20 @@ pub trait BatchRunner: Send + Sync + 'static {
     /// Exactly one outcome per item, in the items' order. An item's failure
     /// belongs in its outcome, never in another's.
     async fn run(&self, items: Vec<Self::Item>) -> Vec<Self::Outcome>;
+}
+
+/// The indices of the items that go into a batch's one statement or
+/// transaction: each key's first item, in the items' order. A key's later
+/// items stay out and go alone once the batch has committed, so they see
+/// its first item's write exactly as if they had come one after the other
+/// (a statement or a transaction cannot apply two writes of one key in
+/// order: it would decide both on the record as it was before either).
+pub fn first_item_of_each_key<K: Eq + Hash>(keys: impl IntoIterator<Item = K>) -> Vec<usize> {
+    let mut seen = HashSet::new();
+    keys.into_iter()
+        .enumerate()
+        .filter_map(|(index, key)| seen.insert(key).then_some(index))
+        .collect()
 }
 
 /// One queued item and where its outcome goes.
@@ -592,6 +607,12 @@ mod tests {
         assert_eq!(batcher.shared.lock().in_flight, 0);
         gate.add_permits(1);
         assert_eq!(batcher.submit(2).await, Ok(Ok(4)), "a new lane starts");
+    }
+
+    #[test]
+    fn only_the_first_item_of_each_key_goes_into_a_batch() {
+        assert_eq!(first_item_of_each_key(["a", "b", "a", "c", "b", "a"]), vec![0, 1, 3]);
+        assert_eq!(first_item_of_each_key(Vec::<u32>::new()), Vec::<usize>::new());
     }
 
     #[test]

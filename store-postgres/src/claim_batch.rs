@@ -35,8 +35,8 @@ use crate::one_statement::{bigint_ms, claim_decision};
 use crate::row::{Slot, record_columns, token_to_uuid};
 use async_trait::async_trait;
 use deadpool_postgres::Pool;
-use std::collections::HashSet;
 use std::time::Duration;
+use store_core::batch::first_item_of_each_key;
 use store_core::{BatchRunner, Batcher, ClaimOutcome, ClaimRequest, Policy, StoreError};
 use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
@@ -162,10 +162,7 @@ impl BatchRunner for ClaimBatchRunner {
 /// lock rows in. Later items of a key stay out (they go alone, after the
 /// batch).
 pub(crate) fn first_of_each_key_in_lock_order(slots: &[&Slot]) -> Vec<usize> {
-    let mut seen = HashSet::with_capacity(slots.len());
-    let mut first: Vec<usize> = (0..slots.len())
-        .filter(|&index| seen.insert((&slots[index].caller, &slots[index].key_digest)))
-        .collect();
+    let mut first = first_item_of_each_key(slots.iter().map(|slot| (&slot.caller, &slot.key_digest)));
     first.sort_by(|&a, &b| {
         let (a, b) = (slots[a], slots[b]);
         (&a.caller, &a.key_digest).cmp(&(&b.caller, &b.key_digest))
