@@ -17,7 +17,7 @@
 use crate::keys::KeyLayout;
 use std::future::Future;
 use std::sync::Arc;
-use store_core::{ChangeHub, ChangeSource, StoreError};
+use store_core::{BatchLimits, ChangeHub, ChangeSource, StoreError};
 
 /// FoundationDB: a key may be at most 10,000 bytes.
 pub const KEY_BYTES_MAX: usize = 10_000;
@@ -177,8 +177,10 @@ pub trait Transaction: Clone + Send + Sync + 'static {
     fn clear_range(&self, begin: &[u8], end: &[u8]) -> impl Future<Output = Result<(), EngineError>> + Send;
 }
 
-/// A transactional key-value engine with FoundationDB's semantics.
-pub trait Engine: Send + Sync + 'static {
+/// A transactional key-value engine with FoundationDB's semantics. A cheap
+/// handle, as a FoundationDB `Database` is: clones share one engine, so a
+/// store can hand one to the batches it runs in tasks of their own.
+pub trait Engine: Clone + Send + Sync + 'static {
     type Tx: Transaction;
 
     /// `embedded` or `foundationdb`, for metrics and logs.
@@ -195,6 +197,15 @@ pub trait Engine: Send + Sync + 'static {
     /// is locked to one process), so the store's own notifications suffice.
     fn record_watches(&self, layout: &KeyLayout) -> Option<Arc<dyn ChangeSource>> {
         let _ = layout;
+        None
+    }
+
+    /// How the stores over this engine batch their claims
+    /// (`claim_batch.rs`), as its configuration says: `None` (its
+    /// `batch_items_max` is 1) when every claim is a transaction of its own.
+    /// An engine's setting, not a store's, so that every store opened over
+    /// it (one per route policy, say) batches alike.
+    fn claim_batch_limits(&self) -> Option<BatchLimits> {
         None
     }
 

@@ -44,7 +44,7 @@ use ::foundationdb::{Database, FdbBindingError, FdbError, KeySelector, RangeOpti
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use store_core::{Policy, StoreError};
+use store_core::{BatchLimits, Policy, StoreError};
 
 /// Transaction size limit set on every transaction: FoundationDB's
 /// documented maximum, set explicitly so the limit is visible here. The
@@ -433,6 +433,8 @@ pub struct FoundationDbEngine {
     /// Waiters of the stores over this handle; other processes' writes
     /// reach them through watches (`foundationdb_watches.rs`).
     changes: store_core::ChangeHub,
+    /// How the stores over this handle batch their claims.
+    claim_batch_limits: Option<BatchLimits>,
 }
 
 /// What one [`FoundationDbEngine::run`] remembers across attempts.
@@ -533,6 +535,10 @@ impl Engine for FoundationDbEngine {
         &self.changes
     }
 
+    fn claim_batch_limits(&self) -> Option<BatchLimits> {
+        self.claim_batch_limits
+    }
+
     fn record_watches(&self, layout: &crate::keys::KeyLayout) -> Option<Arc<dyn store_core::ChangeSource>> {
         let watches = crate::foundationdb_watches::RecordWatches::new(Arc::clone(&self.database), layout.clone());
         Some(Arc::new(watches))
@@ -567,7 +573,10 @@ impl FoundationDbEngine {
     /// Opens the database named by a cluster file (`None`: FoundationDB's
     /// default, `$FDB_CLUSTER_FILE` or `/etc/foundationdb/fdb.cluster` on
     /// Linux). This does not contact the cluster; the store's `ping` does.
-    /// The network argument is the proof that it was started.
+    /// The network argument is the proof that it was started. Claims are
+    /// batched as [`FoundationDbConfig`]'s defaults say, unless
+    /// [`with_claim_batch_limits`](Self::with_claim_batch_limits) says
+    /// otherwise.
     pub fn open(_network: FoundationDbNetwork, cluster_file: Option<&str>) -> Result<Self, StoreError> {
         FoundationDbNetwork::check_running()?;
         // The crate turns the path into a C string and panics on a NUL byte.
@@ -584,10 +593,22 @@ impl FoundationDbEngine {
                 engine_error(error),
             )
         })?;
+        let claim_batch_limits = FoundationDbConfig::default()
+            .claim_batch_limits()
+            .expect("the default batch settings are valid");
         Ok(Self {
             database: Arc::new(database),
             changes: store_core::ChangeHub::new(),
+            claim_batch_limits,
         })
+    }
+
+    /// How the stores opened over this handle batch their claims (`None`:
+    /// each claim alone); a setting of the handle, set before any store is
+    /// opened over it.
+    pub fn with_claim_batch_limits(mut self, limits: Option<BatchLimits>) -> Self {
+        self.claim_batch_limits = limits;
+        self
     }
 
     /// The bytes every key of a store starts with. A directory path is
@@ -662,7 +683,12 @@ impl FoundationDbStore {
         config: &FoundationDbConfig,
         policy: Policy,
     ) -> Result<Self, StoreError> {
-        let engine = FoundationDbEngine::open(network, config.cluster_file.as_deref())?;
+        let claim_batch_limits = config.claim_batch_limits().map_err(|error| StoreError::Refused {
+            detail: format!("foundationdb store: {error}"),
+            source: None,
+        })?;
+        let engine = FoundationDbEngine::open(network, config.cluster_file.as_deref())?
+            .with_claim_batch_limits(claim_batch_limits);
         let prefix = engine.resolve_prefix(&config.prefix, config.run_options).await?;
         Ok(FdbStore::new(engine, &prefix, policy).with_run_options(config.run_options))
     }

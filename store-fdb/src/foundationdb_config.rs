@@ -1,10 +1,15 @@
-//! What the FoundationDB engine is opened with: the cluster file and where
-//! the store's keys live. Outside the `foundationdb` feature, so a server
-//! built without FoundationDB still reads (and checks) its config section
-//! and refuses the kind only when asked to open it.
+//! What the FoundationDB engine is opened with: the cluster file, where
+//! the store's keys live and how claims are batched. Outside the
+//! `foundationdb` feature, so a server built without FoundationDB still
+//! reads (and checks) its config section and refuses the kind only when
+//! asked to open it.
 
+use crate::claim_batch::{
+    CLAIM_BATCH_ITEMS_MAX_DEFAULT_FOUNDATIONDB, CLAIM_BATCHES_IN_FLIGHT_DEFAULT, ClaimBatchingError, claim_batch_limits,
+};
 use crate::engine::RunOptions;
 use serde::{Deserialize, Deserializer};
+use store_core::BatchLimits;
 use store_core::config_fields::empty_as_none;
 
 /// Where a store's keys live on the cluster.
@@ -17,10 +22,11 @@ pub enum KeyPrefix {
     Directory(Vec<String>),
 }
 
-/// How to reach the cluster and where the store's keys live. The server
-/// reads it from its config's `[store.foundationdb]` section:
-/// `cluster_file` (empty: FoundationDB's default) and `key_prefix` (fixed
-/// bytes, written as a string); the run options are for code only.
+/// How to reach the cluster, where the store's keys live and how claims
+/// are batched. The server reads it from its config's `[store.foundationdb]`
+/// section: `cluster_file` (empty: FoundationDB's default), `key_prefix`
+/// (fixed bytes, written as a string), `batch_items_max` and
+/// `batches_in_flight_max`; the run options are for code only.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct FoundationDbConfig {
@@ -31,6 +37,12 @@ pub struct FoundationDbConfig {
     pub prefix: KeyPrefix,
     #[serde(skip)]
     pub run_options: RunOptions,
+    /// Claims that share one transaction, and so one commit, at most: those
+    /// that arrive while a claim batch is in flight go in the next one
+    /// (`claim_batch.rs`). 1 turns batching off.
+    pub batch_items_max: usize,
+    /// Claim batches running at once at most.
+    pub batches_in_flight_max: usize,
 }
 
 impl Default for FoundationDbConfig {
@@ -39,7 +51,17 @@ impl Default for FoundationDbConfig {
             cluster_file: None,
             prefix: KeyPrefix::Bytes(crate::KEY_PREFIX_DEFAULT.to_vec()),
             run_options: RunOptions::default(),
+            batch_items_max: CLAIM_BATCH_ITEMS_MAX_DEFAULT_FOUNDATIONDB,
+            batches_in_flight_max: CLAIM_BATCHES_IN_FLIGHT_DEFAULT,
         }
+    }
+}
+
+impl FoundationDbConfig {
+    /// How the stores over the engine batch their claims, the settings
+    /// checked; `None` when every claim goes alone.
+    pub fn claim_batch_limits(&self) -> Result<Option<BatchLimits>, ClaimBatchingError> {
+        claim_batch_limits(self.batch_items_max, self.batches_in_flight_max)
     }
 }
 

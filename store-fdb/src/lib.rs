@@ -8,9 +8,11 @@
 //! business effect commit in one transaction (store-core's
 //! [`store_core::AtomicCompletion`], implemented in `effect.rs`). Bulk
 //! loading of completed records ([`store_core::BulkLoad`], `bulk.rs`)
-//! writes many records per transaction.
+//! writes many records per transaction, and claims that arrive together
+//! share one transaction (`claim_batch.rs`).
 
 mod bulk;
+mod claim_batch;
 mod effect;
 pub mod embedded;
 pub mod engine;
@@ -31,6 +33,11 @@ pub use self::foundationdb_config::{FoundationDbConfig, KeyPrefix};
 #[cfg(feature = "foundationdb")]
 pub use ::foundationdb::options::NetworkOption;
 pub use bulk::BULK_LOAD_RECORDS_PER_TRANSACTION_MAX;
+pub use claim_batch::{
+    BatchedClaim, CLAIM_BATCH_ITEMS_MAX, CLAIM_BATCH_ITEMS_MAX_DEFAULT_EMBEDDED,
+    CLAIM_BATCH_ITEMS_MAX_DEFAULT_FOUNDATIONDB, CLAIM_BATCH_QUEUED_ITEMS_MAX, CLAIM_BATCHES_IN_FLIGHT_DEFAULT,
+    CLAIM_BATCHES_IN_FLIGHT_MAX, ClaimBatchingError, claim_batch_limits,
+};
 pub use embedded::{
     CACHE_BYTES_DEFAULT, CACHE_BYTES_MIN, DATA_DIR_DEFAULT, Durability, EMBEDDED_SIZE_BYTES_LIMIT, EmbeddedConfig,
     EmbeddedEngine, EmbeddedSizes, FaultPlan, JOURNAL_BYTES_MAX_DEFAULT, JOURNAL_BYTES_MAX_MIN, MEMTABLE_BYTES_DEFAULT,

@@ -1,6 +1,8 @@
 //! The store, written once against [`Engine`]: every transition is one
 //! transaction that reads the record, runs store-core's pure state machine
-//! and applies its single write.
+//! and applies its single write. Claims may share one transaction with the
+//! claims that arrive while an earlier one is in flight
+//! (`claim_batch.rs`), when the engine's configuration batches them.
 //!
 //! Every transaction here is idempotent under retry, which is how
 //! `commit_unknown_result` is handled without FoundationDB's experimental
@@ -9,14 +11,15 @@
 //! re-sent claim finds its token and gets the same lease; a completion finds
 //! the record completed by its token; an abandon finds nothing to delete).
 
+use crate::claim_batch::{BatchedClaim, ClaimBatchRunner, ClaimBatcher, ClaimItem};
 use crate::engine::{Engine, EngineError, MaybeCommitted, RunOptions, Transaction, TxError};
 use crate::keys::{KIND_RECORD, KIND_TOMBSTONE, KeyLayout, RECORD_CHUNK_BYTES_MAX, RECORD_CHUNKS_MAX, Slot};
 use async_trait::async_trait;
 use store_core::machine::{self, Found, Step, Write};
 use store_core::{
-    CallerId, ChangeHub, ClaimOutcome, ClaimRequest, Fenced, ForgetOutcome, HeldLease, IdempotencyKey,
-    IdempotencyStore, KeyDigest, PURGE_BATCH_MAX, Policy, PurgeReport, Record, RecordId, RecoveryPoint, SavedResponse,
-    SharedClock, StoreError, SystemClock, decode_record, encode_record,
+    BatchError, Batcher, CallerId, ChangeHub, ClaimOutcome, ClaimRequest, Fenced, ForgetOutcome, HeldLease,
+    IdempotencyKey, IdempotencyStore, KeyDigest, PURGE_BATCH_MAX, Policy, PurgeReport, Record, RecordId, RecoveryPoint,
+    SavedResponse, SharedClock, StoreError, SystemClock, decode_record, encode_record,
 };
 
 /// Index entries one purge transaction handles at most.
@@ -74,6 +77,11 @@ pub struct FdbStore<E: Engine> {
     /// shortens or lengthens a lease, while the lease token keeps every
     /// write fenced regardless. Tests give a `ManualClock` and move it.
     clock: SharedClock,
+    /// Claims batched across calls (`claim_batch.rs`), as the engine's
+    /// configuration says; `None` when its `batch_items_max` is 1, and
+    /// every claim goes alone. Its runner holds a copy of the settings
+    /// above, so every builder that changes one builds it again.
+    claims: Option<ClaimBatcher<E>>,
 }
 
 /// What a transaction found under a slot.
@@ -112,13 +120,15 @@ impl<E: Engine> FdbStore<E> {
             policy,
             run_options: RunOptions::default(),
             clock: SystemClock::shared(),
+            claims: None,
         }
+        .with_claim_batcher()
     }
 
     /// Times leases, retention and purges by `clock` instead of the system's.
     pub fn with_clock(mut self, clock: SharedClock) -> Self {
         self.clock = clock;
-        self
+        self.with_claim_batcher()
     }
 
     pub fn clock(&self) -> &SharedClock {
@@ -127,7 +137,30 @@ impl<E: Engine> FdbStore<E> {
 
     pub fn with_run_options(mut self, run_options: RunOptions) -> Self {
         self.run_options = run_options;
+        self.with_claim_batcher()
+    }
+
+    /// The store with a claim batcher over its current settings, if the
+    /// engine batches claims.
+    fn with_claim_batcher(mut self) -> Self {
+        self.claims = self
+            .engine
+            .claim_batch_limits()
+            .map(|limits| Batcher::new(ClaimBatchRunner::new(self.without_claim_batcher()), limits));
         self
+    }
+
+    /// The same store with no batcher: what a claim batch's transaction
+    /// runs on.
+    pub(crate) fn without_claim_batcher(&self) -> Self {
+        Self {
+            engine: self.engine.clone(),
+            layout: self.layout.clone(),
+            policy: self.policy,
+            run_options: self.run_options,
+            clock: self.clock.clone(),
+            claims: None,
+        }
     }
 
     pub fn engine(&self) -> &E {
@@ -162,6 +195,43 @@ impl<E: Engine> FdbStore<E> {
         self.engine
             .change_hub()
             .notify(&RecordId::new(&lease.caller, &lease.key));
+    }
+
+    /// The claim's batch, or [`BatchedClaim::Alone`] without batching or
+    /// when the batch's lane ended without an answer.
+    pub(crate) async fn claim_in_batch(&self, request: &ClaimRequest) -> Result<BatchedClaim, StoreError> {
+        let Some(claims) = &self.claims else {
+            return Ok(BatchedClaim::Alone);
+        };
+        match claims.submit(ClaimItem::new(&self.layout, request)).await {
+            Ok(batched) => Ok(batched),
+            Err(BatchError::Lost) => Ok(BatchedClaim::Alone),
+            Err(refused @ BatchError::QueueFull { .. }) => Err(StoreError::unavailable(
+                format!("{} claims are queued past their bound", self.engine.name()),
+                refused,
+            )),
+        }
+    }
+
+    /// A claim on the path its batch chose.
+    pub(crate) async fn finish_claim(
+        &self,
+        request: &ClaimRequest,
+        batched: BatchedClaim,
+    ) -> Result<ClaimOutcome, StoreError> {
+        match batched {
+            BatchedClaim::Decided(outcome) => Ok(outcome),
+            BatchedClaim::Failed(error) => Err(error),
+            BatchedClaim::Alone => self.claim_alone(request).await,
+        }
+    }
+
+    /// Transaction 1 of the specification, for one claim alone.
+    async fn claim_alone(&self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
+        self.transition(&request.caller, &request.key, |found, now| {
+            machine::claim(found, request, now, &self.policy)
+        })
+        .await
     }
 
     /// One transition of one key, in one transaction.
@@ -457,11 +527,12 @@ impl<E: Engine> IdempotencyStore for FdbStore<E> {
         self.engine.name()
     }
 
+    /// In a batch with the claims that arrive while the previous batch is
+    /// in flight (`claim_batch.rs`); what the batch does not decide goes
+    /// alone.
     async fn claim(&self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
-        self.transition(&request.caller, &request.key, |found, now| {
-            machine::claim(found, request, now, &self.policy)
-        })
-        .await
+        let batched = self.claim_in_batch(request).await?;
+        self.finish_claim(request, batched).await
     }
 
     async fn checkpoint(&self, lease: &HeldLease, point: RecoveryPoint) -> Result<Fenced, StoreError> {

@@ -18,6 +18,10 @@
 //! behaviours about it ([`TestEngine::engine_time`]) are the suite's only
 //! real waits there.
 
+pub mod claim_batch;
+
+pub use self::claim_batch::*;
+
 use crate::engine::{
     Engine, EngineError, KEY_BYTES_MAX, KeyValue, MaybeCommitted, RunOptions, TRANSACTION_BYTES_MAX,
     TRANSACTION_MS_MAX, Transaction, TxError, VALUE_BYTES_MAX,
@@ -148,7 +152,8 @@ pub struct RunCounters {
 
 /// Any engine, counting what its runs do, optionally delaying every read
 /// and optionally failing the commits of transactions that write under a
-/// given prefix.
+/// given prefix. Clones share the counters and the switches.
+#[derive(Clone)]
 pub struct ObservedEngine<E> {
     inner: E,
     counters: Arc<RunCounters>,
@@ -156,6 +161,8 @@ pub struct ObservedEngine<E> {
     /// What a read delay passes: a manual clock moved, or a real sleep.
     delays: TestTime,
     fail_commits_writing: Arc<Mutex<Option<Vec<u8>>>>,
+    /// Attempts still to fail with an injected conflict.
+    conflicts_to_inject: Arc<AtomicU32>,
 }
 
 impl<E: Engine> ObservedEngine<E> {
@@ -166,7 +173,16 @@ impl<E: Engine> ObservedEngine<E> {
             read_delay_ms: Arc::default(),
             delays,
             fail_commits_writing: Arc::default(),
+            conflicts_to_inject: Arc::default(),
         }
+    }
+
+    /// The next `attempts` attempts, of whichever runs, fail after their
+    /// body ran with a conflict (`not_committed`), committing nothing, as
+    /// if another transaction had written what they read; the retry loop
+    /// runs them again.
+    pub fn inject_conflicts(&self, attempts: u32) {
+        self.conflicts_to_inject.store(attempts, Ordering::SeqCst);
     }
 
     /// While `prefix` is set, every transaction that writes a key under it
@@ -253,6 +269,10 @@ impl<E: Engine> Engine for ObservedEngine<E> {
         self.inner.change_hub()
     }
 
+    fn claim_batch_limits(&self) -> Option<store_core::BatchLimits> {
+        self.inner.claim_batch_limits()
+    }
+
     fn record_watches(&self, layout: &crate::keys::KeyLayout) -> Option<std::sync::Arc<dyn store_core::ChangeSource>> {
         self.inner.record_watches(layout)
     }
@@ -273,6 +293,7 @@ impl<E: Engine> Engine for ObservedEngine<E> {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .clone();
         let fail_prefix = &fail_prefix;
+        let conflicts_to_inject = &self.conflicts_to_inject;
         self.inner
             .run(options, move |tx, maybe_committed| {
                 counters.attempts.fetch_add(1, Ordering::Relaxed);
@@ -296,6 +317,16 @@ impl<E: Engine> Engine for ObservedEngine<E> {
                 );
                 async move {
                     let output = body.await?;
+                    let take_one = |left: u32| left.checked_sub(1);
+                    if conflicts_to_inject
+                        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, take_one)
+                        .is_ok()
+                    {
+                        return Err(TxError::Engine(EngineError::new(
+                            crate::engine::EngineErrorKind::NotCommitted,
+                            "injected conflict",
+                        )));
+                    }
                     if watch.is_some_and(|watch| watch.hit.load(Ordering::SeqCst)) {
                         return Err(TxError::Abort(StoreError::Unavailable {
                             detail: "injected: the commit failed after the transaction's body ran".to_owned(),
@@ -1016,7 +1047,16 @@ macro_rules! store_tests {
             a_transaction_older_than_five_seconds_is_too_old,
             two_transactions_that_read_the_same_absent_key_and_insert_conflict,
             bulk_loaded_records_read_back_replay_and_are_purged_when_due,
-            a_bulk_batch_over_the_limit_writes_nothing
+            a_bulk_batch_over_the_limit_writes_nothing,
+            claims_of_distinct_keys_in_one_batch_commit_in_one_transaction,
+            concurrent_claims_share_transactions_and_acquire_each_key_once,
+            the_same_key_twice_in_one_batch_answers_as_two_claims_one_after_the_other,
+            a_batch_decides_each_claim_on_its_own_record,
+            an_unreadable_record_fails_only_its_own_claim_in_a_batch,
+            a_conflict_runs_the_batch_again_and_a_failed_batch_sends_each_claim_alone,
+            a_batch_the_engine_does_not_answer_fails_each_claim_as_unavailable,
+            a_full_batch_of_the_largest_claims_commits_in_one_transaction,
+            claim_batches_agree_with_the_machine_claim_by_claim
         );
     };
     (@each $open:path; $($behaviour:ident),*) => {
@@ -1031,11 +1071,23 @@ macro_rules! store_tests {
 
 // ---- Factories ----------------------------------------------------------------
 
-/// An embedded engine in a fresh temporary directory, on a manual clock
-/// that its transaction ages are measured on too.
+/// A fresh temporary embedded directory whose claims are batched (the
+/// engine's default is not to batch them): the suites run on the batched
+/// path, as on FoundationDB by default, and a claim that goes alone takes
+/// the unbatched one.
+pub fn batched_embedded_config() -> crate::EmbeddedConfig {
+    crate::EmbeddedConfig {
+        batch_items_max: crate::CLAIM_BATCH_ITEMS_MAX,
+        ..crate::EmbeddedConfig::temporary()
+    }
+}
+
+/// An embedded engine in a fresh temporary directory
+/// ([`batched_embedded_config`]), on a manual clock that its transaction
+/// ages are measured on too.
 pub async fn embedded() -> TestEngine<crate::EmbeddedEngine> {
     let clock = ManualClock::starting_now();
-    let engine = crate::EmbeddedEngine::open_with_clock(&crate::EmbeddedConfig::temporary(), clock.clone())
+    let engine = crate::EmbeddedEngine::open_with_clock(&batched_embedded_config(), clock.clone())
         .expect("open embedded engine");
     TestEngine {
         engine,

@@ -1,13 +1,14 @@
 //! Fault injection on the embedded engine: conflicts and "commit unknown
 //! result" before and after real commits (the engine's seeded fault switch),
-//! and durability across a reopen. The audit itself is store-fdb's
+//! with claims batched (`batched_embedded_config`), and durability across a
+//! reopen. The audit itself is store-fdb's
 //! `testkit::audit_intents`, which `faults_foundationdb.rs` runs on
 //! FoundationDB with FoundationDB's own client fault injection.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use store_core::{ClaimOutcome, ClaimRequest, Fingerprint, IdempotencyKey, IdempotencyStore, Policy, SavedResponse};
-use store_fdb::testkit::{audit_intents, fault_intents};
+use store_fdb::testkit::{audit_intents, batched_embedded_config, fault_intents};
 use store_fdb::{
     EmbeddedConfig, EmbeddedEngine, EmbeddedStore, Engine, FaultPlan, MaybeCommitted, RunOptions, Transaction,
 };
@@ -15,7 +16,7 @@ use store_fdb::{
 fn faulty_store(plan: FaultPlan) -> EmbeddedStore {
     let config = EmbeddedConfig {
         faults: plan,
-        ..EmbeddedConfig::temporary()
+        ..batched_embedded_config()
     };
     EmbeddedStore::open_embedded(&config, Policy::default()).expect("open")
 }

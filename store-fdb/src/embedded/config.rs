@@ -1,11 +1,15 @@
 //! What the embedded engine is opened with: the directory, when a commit
-//! counts as done, the fault plan, and fjall's memory and journal sizes
-//! (checked here: fjall panics on some).
+//! counts as done, the fault plan, fjall's memory and journal sizes
+//! (checked here: fjall panics on some), and how claims are batched.
 
 use super::faults::FaultPlan;
+use crate::claim_batch::{
+    CLAIM_BATCH_ITEMS_MAX_DEFAULT_EMBEDDED, CLAIM_BATCHES_IN_FLIGHT_DEFAULT, ClaimBatchingError, claim_batch_limits,
+};
 use fjall::PersistMode;
 use serde::Deserialize;
 use std::path::PathBuf;
+use store_core::BatchLimits;
 
 /// The directory of a store opened without one named (the server's
 /// `store.embedded.path` default), relative to the working directory.
@@ -39,8 +43,8 @@ impl Durability {
 }
 
 /// What the engine is opened with. The server reads it from its config's
-/// `[store.embedded]` section (`path`, `durability` and the sizes, flat);
-/// the fault plan and `temporary` are for code only.
+/// `[store.embedded]` section (`path`, `durability`, the sizes and the
+/// batch settings, flat); the fault plan and `temporary` are for code only.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct EmbeddedConfig {
@@ -57,6 +61,13 @@ pub struct EmbeddedConfig {
     /// misspelt size).
     #[serde(flatten)]
     pub sizes: EmbeddedSizes,
+    /// Claims that share one transaction at most: those that arrive while
+    /// a claim batch is in flight go in the next one (`claim_batch.rs`).
+    /// 1, the default, turns batching off: the committer already shares
+    /// one fdatasync among the commits waiting for it.
+    pub batch_items_max: usize,
+    /// Claim batches running at once at most.
+    pub batches_in_flight_max: usize,
 }
 
 impl Default for EmbeddedConfig {
@@ -130,7 +141,15 @@ impl EmbeddedConfig {
             faults: FaultPlan::default(),
             temporary: false,
             sizes: EmbeddedSizes::default(),
+            batch_items_max: CLAIM_BATCH_ITEMS_MAX_DEFAULT_EMBEDDED,
+            batches_in_flight_max: CLAIM_BATCHES_IN_FLIGHT_DEFAULT,
         }
+    }
+
+    /// How the stores over the engine batch their claims, the settings
+    /// checked; `None` when every claim goes alone.
+    pub fn claim_batch_limits(&self) -> Result<Option<BatchLimits>, ClaimBatchingError> {
+        claim_batch_limits(self.batch_items_max, self.batches_in_flight_max)
     }
 
     /// A fresh directory under the system's temporary directory, deleted
@@ -185,5 +204,34 @@ mod tests {
             ..EmbeddedConfig::temporary()
         };
         assert!(EmbeddedEngine::open(&sized).is_ok(), "the smallest sizes open");
+    }
+
+    #[test]
+    fn batch_settings_out_of_range_are_refused_and_claims_go_alone_by_default() {
+        use crate::engine::Engine;
+        for (batch_items_max, batches_in_flight_max) in [(0, 2), (crate::CLAIM_BATCH_ITEMS_MAX + 1, 2), (1, 0)] {
+            let config = EmbeddedConfig {
+                batch_items_max,
+                batches_in_flight_max,
+                ..EmbeddedConfig::temporary()
+            };
+            let opened = EmbeddedEngine::open(&config).err();
+            assert!(
+                matches!(&opened, Some(StoreError::Refused { detail, .. }) if detail.contains("batch")),
+                "({batch_items_max}, {batches_in_flight_max}) was not refused: {opened:?}"
+            );
+        }
+        let unbatched = EmbeddedEngine::open(&EmbeddedConfig::temporary()).expect("open");
+        assert_eq!(unbatched.claim_batch_limits(), None, "no batching by default");
+        let config = EmbeddedConfig {
+            batch_items_max: 8,
+            batches_in_flight_max: 3,
+            ..EmbeddedConfig::temporary()
+        };
+        let limits = EmbeddedEngine::open(&config)
+            .expect("open")
+            .claim_batch_limits()
+            .expect("batched");
+        assert_eq!((limits.items_max(), limits.in_flight_max()), (8, 3));
     }
 }

@@ -33,7 +33,7 @@ use reopen::{Current, OpenDatabase};
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
-use store_core::{SharedClock, StoreError, SystemClock};
+use store_core::{BatchLimits, SharedClock, StoreError, SystemClock};
 
 /// Name of the single keyspace holding every key; the tuple layer gives the
 /// structure, as on FoundationDB.
@@ -57,6 +57,8 @@ pub struct EmbeddedEngine {
 
 struct Shared {
     config: EmbeddedConfig,
+    /// The config's claim batching, checked when the engine opened.
+    claim_batch_limits: Option<BatchLimits>,
     faults: FaultSwitch,
     current: Mutex<Current>,
     reopens: AtomicU64,
@@ -88,6 +90,10 @@ impl EmbeddedEngine {
     /// Opens with the clock that transaction ages and reopening waits are
     /// measured on: tests pass a [`store_core::ManualClock`] and move it.
     pub fn open_with_clock(config: &EmbeddedConfig, clock: SharedClock) -> Result<Self, StoreError> {
+        let claim_batch_limits = config.claim_batch_limits().map_err(|error| StoreError::Refused {
+            detail: format!("embedded store: {error}"),
+            source: None,
+        })?;
         let database = OpenDatabase::open(config, 0, clock.monotonic_ms())?;
         let faults = FaultSwitch {
             plan: config.faults,
@@ -97,6 +103,7 @@ impl EmbeddedEngine {
         Ok(Self {
             shared: Arc::new(Shared {
                 config: config.clone(),
+                claim_batch_limits,
                 faults,
                 current: Mutex::new(Current::Open(Arc::new(database))),
                 reopens: AtomicU64::new(0),

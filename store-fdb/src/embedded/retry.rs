@@ -25,6 +25,10 @@ impl Engine for EmbeddedEngine {
         "embedded"
     }
 
+    fn claim_batch_limits(&self) -> Option<store_core::BatchLimits> {
+        self.shared.claim_batch_limits
+    }
+
     async fn run<T, F, Fut>(&self, options: RunOptions, body: F) -> Result<T, StoreError>
     where
         T: Send,
