@@ -82,24 +82,14 @@ const _: () = assert!(
 );
 const _: () = assert!(CLAIM_BATCH_ITEMS_MAX <= store_core::batch::BATCH_ITEMS_MAX);
 
-/// A batch setting of an engine's config that cannot work. The field is
-/// named as in the config file's engine section.
+/// A batch setting of an engine's config that cannot work, named as in
+/// the config file's engine section.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum ClaimBatchingError {
     #[error("batch_items_max {0} is outside 1..={CLAIM_BATCH_ITEMS_MAX}")]
     BatchItems(usize),
     #[error("batches_in_flight_max {0} is outside 1..={CLAIM_BATCHES_IN_FLIGHT_MAX}")]
     BatchesInFlight(usize),
-}
-
-impl ClaimBatchingError {
-    /// The setting refused, as the config file names it.
-    pub fn field(&self) -> &'static str {
-        match self {
-            Self::BatchItems(_) => "batch_items_max",
-            Self::BatchesInFlight(_) => "batches_in_flight_max",
-        }
-    }
 }
 
 /// The batcher's limits for an engine config's two settings, both checked
@@ -298,7 +288,5 @@ mod tests {
         assert_eq!(limits.items_max(), CLAIM_BATCH_ITEMS_MAX);
         assert_eq!(limits.in_flight_max(), CLAIM_BATCHES_IN_FLIGHT_MAX);
         assert_eq!(limits.queued_items_max(), CLAIM_BATCH_QUEUED_ITEMS_MAX);
-        assert_eq!(ClaimBatchingError::BatchItems(0).field(), "batch_items_max");
-        assert_eq!(ClaimBatchingError::BatchesInFlight(0).field(), "batches_in_flight_max");
     }
 }

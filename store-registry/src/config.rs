@@ -4,6 +4,7 @@
 
 use crate::kind::{LabelsKind, StoreKind};
 use serde::Deserialize;
+use store_fdb::ClaimBatchingError;
 use store_postgres::SslMode;
 
 /// A refusal of one `[store]` field; the server's configuration error
@@ -13,6 +14,19 @@ use store_postgres::SslMode;
 pub struct FieldError {
     pub field: &'static str,
     pub message: String,
+}
+
+/// A refusal of a section's claim batch settings, naming the setting
+/// (`[batch_items_max, batches_in_flight_max]`, in full).
+fn claim_batching_refusal(
+    checked: Result<Option<store_core::BatchLimits>, ClaimBatchingError>,
+    [items_field, in_flight_field]: [&'static str; 2],
+) -> Result<(), FieldError> {
+    match checked {
+        Ok(_) => Ok(()),
+        Err(error @ ClaimBatchingError::BatchItems(_)) => Err(field_error(items_field, error.to_string())),
+        Err(error @ ClaimBatchingError::BatchesInFlight(_)) => Err(field_error(in_flight_field, error.to_string())),
+    }
 }
 
 fn field_error(field: &'static str, message: impl Into<String>) -> FieldError {
@@ -72,8 +86,9 @@ impl StoreConfig {
         })
     }
 
-    /// Checks `[store]`: where labels go, then the section the records use
-    /// and the one the labels use, when apart.
+    /// Checks `[store]`: the engine sections' sizes and batch settings,
+    /// where labels go, then the section the records use and the one the
+    /// labels use, when apart.
     pub fn validate(&self) -> Result<(), FieldError> {
         if let Some((name, min, max)) = self.embedded.sizes.out_of_range() {
             let field = match name {
@@ -83,6 +98,7 @@ impl StoreConfig {
             };
             return Err(field_error(field, format!("must be {min} to {max}")));
         }
+        self.validate_claim_batching()?;
         let labels = self.labels_kind();
         self.validate_labels(labels)?;
         match self.kind {
@@ -120,6 +136,22 @@ impl StoreConfig {
             kind.name()
         );
         Err(field_error("store.labels", detail))
+    }
+
+    /// The FDB-style engines' claim batch settings, each checked by the
+    /// store crate's one check and named by its section.
+    fn validate_claim_batching(&self) -> Result<(), FieldError> {
+        claim_batching_refusal(
+            self.embedded.claim_batch_limits(),
+            ["store.embedded.batch_items_max", "store.embedded.batches_in_flight_max"],
+        )?;
+        claim_batching_refusal(
+            self.foundationdb.claim_batch_limits(),
+            [
+                "store.foundationdb.batch_items_max",
+                "store.foundationdb.batches_in_flight_max",
+            ],
+        )
     }
 
     fn validate_embedded(&self) -> Result<(), FieldError> {

@@ -229,6 +229,50 @@ fn refusals_name_the_field() {
         refusal(&[("IDEM__STORE__EMBEDDED__JOURNAL_BYTES_MAX", "1048576")])
             .contains("store.embedded.journal_bytes_max")
     );
+    assert!(refusal(&[("IDEM__STORE__EMBEDDED__BATCH_ITEMS_MAX", "0")]).contains("store.embedded.batch_items_max"));
+    assert!(
+        refusal(&[("IDEM__STORE__EMBEDDED__BATCHES_IN_FLIGHT_MAX", "0")])
+            .contains("store.embedded.batches_in_flight_max")
+    );
+    assert!(
+        refusal(&[("IDEM__STORE__FOUNDATIONDB__BATCH_ITEMS_MAX", "65")]).contains("store.foundationdb.batch_items_max")
+    );
+    assert!(
+        refusal(&[("IDEM__STORE__FOUNDATIONDB__BATCHES_IN_FLIGHT_MAX", "17")])
+            .contains("store.foundationdb.batches_in_flight_max")
+    );
+}
+
+/// Claims are batched on FoundationDB by default and not on the embedded
+/// engine; each section sets its own, 1 turning batching off.
+#[test]
+fn claim_batching_is_an_engine_setting_on_for_foundationdb_by_default() {
+    let defaults = Config::load(None, Vec::new()).unwrap();
+    assert_eq!(defaults.store.embedded.batch_items_max, 1);
+    assert_eq!(
+        defaults.store.foundationdb.batch_items_max,
+        store_fdb::CLAIM_BATCH_ITEMS_MAX_DEFAULT_FOUNDATIONDB
+    );
+    assert_eq!(
+        defaults.store.foundationdb.batches_in_flight_max,
+        store_fdb::CLAIM_BATCHES_IN_FLIGHT_DEFAULT
+    );
+    let set = Config::load(
+        None,
+        env(&[
+            ("IDEM__STORE__EMBEDDED__BATCH_ITEMS_MAX", "16"),
+            ("IDEM__STORE__EMBEDDED__BATCHES_IN_FLIGHT_MAX", "3"),
+            ("IDEM__STORE__FOUNDATIONDB__BATCH_ITEMS_MAX", "1"),
+        ]),
+    )
+    .unwrap();
+    let embedded = set.store.embedded.claim_batch_limits().unwrap().expect("batched");
+    assert_eq!((embedded.items_max(), embedded.in_flight_max()), (16, 3));
+    assert_eq!(
+        set.store.foundationdb.claim_batch_limits().unwrap(),
+        None,
+        "1 turns it off"
+    );
 }
 
 /// The backends' sections are their store crates' own config types;
@@ -431,6 +475,25 @@ fn the_example_file_loads() {
     assert_eq!(
         config.server.prefer_wait_limits().unwrap(),
         defaults.prefer_wait_limits().unwrap()
+    );
+    // So are the claim batch settings of the FDB-style engines.
+    let (embedded, foundationdb) = (
+        store_fdb::EmbeddedConfig::default(),
+        store_fdb::FoundationDbConfig::default(),
+    );
+    assert_eq!(
+        (
+            config.store.embedded.batch_items_max,
+            config.store.embedded.batches_in_flight_max
+        ),
+        (embedded.batch_items_max, embedded.batches_in_flight_max)
+    );
+    assert_eq!(
+        (
+            config.store.foundationdb.batch_items_max,
+            config.store.foundationdb.batches_in_flight_max
+        ),
+        (foundationdb.batch_items_max, foundationdb.batches_in_flight_max)
     );
 }
 
