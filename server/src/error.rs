@@ -5,6 +5,8 @@
 //! detail in a response extension ([`LoggedError`]) that the request logger
 //! (`observe`) writes once, at the edge, and strips from nothing else.
 
+use crate::labels::ORIGINAL_REQUEST_HEADER;
+use crate::request_context::RequestId;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use idem_http::IdempotencyError;
@@ -275,9 +277,13 @@ impl ApiError {
     }
 
     /// This problem as a saved response, for a handler that saves it as
-    /// its definitive answer.
-    pub fn saved(&self) -> Result<SavedResponse, InvalidInput> {
-        idem_http::saved::problem_saved(self.status(), self.body_bytes())
+    /// its definitive answer, with the request id of the attempt that
+    /// completes the record (`labels::ORIGINAL_REQUEST_HEADER`).
+    pub fn saved(&self, completed_by: &RequestId) -> Result<SavedResponse, InvalidInput> {
+        let problem = idem_http::saved::problem_saved(self.status(), self.body_bytes())?;
+        let mut headers = problem.headers().to_vec();
+        headers.push((ORIGINAL_REQUEST_HEADER.to_owned(), completed_by.as_str().to_owned()));
+        SavedResponse::new(problem.status(), headers, problem.body().to_vec())
     }
 }
 

@@ -41,6 +41,11 @@ impl RequestId {
             .map_or_else(Self::generate, |id| Self(id.to_owned()))
     }
 
+    /// `id` when it is sane (what `from_headers` keeps), else `None`.
+    pub fn new(id: &str) -> Option<Self> {
+        is_sane_request_id(id).then(|| Self(id.to_owned()))
+    }
+
     fn generate() -> Self {
         Self(format!("{:032x}", rand::random::<u128>()))
     }
@@ -144,16 +149,25 @@ pub async fn request_context(mut request: Request, next: Next) -> Response {
     response
 }
 
-/// A handler's trace context; a new trace when the middleware did not run.
-impl<S: Send + Sync> FromRequestParts<S> for TraceContext {
+/// What a handler knows of its request's context: its id and its trace.
+#[derive(Debug, Clone)]
+pub struct RequestContext {
+    pub id: RequestId,
+    pub trace: TraceContext,
+}
+
+/// From the middleware's extensions; read from the headers (a new id, a new
+/// trace where they have none) when the middleware did not run.
+impl<S: Send + Sync> FromRequestParts<S> for RequestContext {
     type Rejection = Infallible;
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
-        Ok(parts
-            .extensions
-            .get::<TraceContext>()
-            .copied()
-            .unwrap_or_else(|| TraceContext::from_headers(&parts.headers)))
+        let id = parts.extensions.get::<RequestId>().cloned();
+        let trace = parts.extensions.get::<TraceContext>().copied();
+        Ok(Self {
+            id: id.unwrap_or_else(|| RequestId::from_headers(&parts.headers)),
+            trace: trace.unwrap_or_else(|| TraceContext::from_headers(&parts.headers)),
+        })
     }
 }
 

@@ -11,6 +11,7 @@
 use super::{Label, LabelStore, LabelTable, Parcel, StoredLabel, label_response};
 use crate::failpoints;
 use crate::instrumented::timed;
+use crate::request_context::RequestId;
 use async_trait::async_trait;
 use std::sync::Arc;
 use store_core::{
@@ -164,13 +165,18 @@ impl<E: Engine> LabelStore for FdbLabels<E> {
             .map(|stored| stored.label))
     }
 
-    async fn commit(&self, lease: &HeldLease, label: &StoredLabel) -> Result<Fenced<SavedResponse>, StoreError> {
+    async fn commit(
+        &self,
+        lease: &HeldLease,
+        label: &StoredLabel,
+        completed_by: &RequestId,
+    ) -> Result<Fenced<SavedResponse>, StoreError> {
         let layout = self.store.layout();
         let commit = self.store.complete_with(lease, |tx| {
             Box::pin(async move {
                 let stored = insert_or_existing(tx.context(), layout, label).await?;
                 failpoints::reached(failpoints::BEFORE_COMMIT).await;
-                Ok((label_response(&stored.label).map_err(TxError::Abort)?, ()))
+                Ok((label_response(&stored.label, completed_by).map_err(TxError::Abort)?, ()))
             })
         });
         let commit = async {

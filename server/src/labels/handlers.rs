@@ -14,7 +14,7 @@ use crate::error::{ApiError, Outcome, Problem};
 use crate::failpoints;
 use crate::idempotency::Attempt;
 use crate::metrics::LABELS_EXISTING_TOTAL;
-use crate::request_context::TraceContext;
+use crate::request_context::{RequestContext, RequestId};
 use crate::state::AppState;
 use crate::time::{now_ms, rfc3339_from_ms};
 use axum::Json;
@@ -62,6 +62,7 @@ pub const PARCEL_IN_PROGRESS_POLL_MS: u64 = 200;
             headers(
                 ("Location" = String, description = "`/v1/labels/{label_id}`"),
                 ("Idempotent-Replayed" = String, description = "`true` on a replayed answer; absent on the first run."),
+                ("Original-Request" = String, description = "The `X-Request-Id` of the attempt that did the work and saved this answer: the same on the first run and every replay (Stripe's convention), so a replay can be traced to that attempt's logs."),
                 ("Preference-Applied" = String, description = "`wait=N` when the request waited (`Prefer: wait`) for another attempt with its key; N is the wait granted.")
             )),
         (status = 400, description = "`idempotency_key_missing`, `idempotency_key_invalid`, or `invalid_request` (nothing was saved; the key is free again).",
@@ -83,7 +84,11 @@ pub const PARCEL_IN_PROGRESS_POLL_MS: u64 = 200;
             body = Problem, content_type = "application/problem+json"),
         (status = 500, description = "`internal_error`, `record_unreadable` (the key's stored record cannot be decoded; retrying will not help), or `response_not_saved` (the answer could not be saved; saved as this problem, so a retry gets it again and nothing runs twice).", body = Problem, content_type = "application/problem+json"),
         (status = 502, description = "`downstream_rejected`: the carrier refused the label for good (its 422, a business refusal). Saved and replayed.",
-            body = Problem, content_type = "application/problem+json"),
+            body = Problem, content_type = "application/problem+json",
+            headers(
+                ("Original-Request" = String, description = "The `X-Request-Id` of the attempt that saved this answer, as on a 201."),
+                ("Idempotent-Replayed" = String, description = "`true` on a replayed answer.")
+            )),
         (status = 503, description = "`downstream_unavailable` (the carrier gave no definite or usable answer: a timeout, 5xx, 401, 403, 404, 415, a redirect, a label that does not match the request; the lease was released), `store_unavailable`, `overloaded`, `deadline_exceeded` (the `Request-Timeout-Ms` passed before the work started; nothing was done) or `request_timeout`. Retry with the same key.",
             body = Problem, content_type = "application/problem+json",
             headers(
@@ -94,7 +99,7 @@ pub const PARCEL_IN_PROGRESS_POLL_MS: u64 = 200;
 )]
 pub async fn create_label(
     State(state): State<AppState>,
-    trace: TraceContext,
+    context: RequestContext,
     seat: WorkerSeat,
     deadline: Option<RequestDeadline>,
     headers: HeaderMap,
@@ -111,13 +116,14 @@ pub async fn create_label(
         }
     };
     let lease = attempt.lease().clone();
+    let RequestContext { id: request_id, trace } = context;
     match state.labels.find_for_parcel(&lease.caller, request.parcel()).await {
         Ok(Some(existing)) => {
             // A new key for a parcel that has its label: answer with it,
             // buy nothing (the second line of defence).
             metrics::counter!(LABELS_EXISTING_TOTAL).increment(1);
             let stored = stored_label(&lease, existing);
-            return commit(&state, attempt, stored).await;
+            return commit(&state, attempt, stored, request_id).await;
         }
         Ok(None) => {}
         Err(error) => {
@@ -157,9 +163,9 @@ pub async fn create_label(
         CarrierOutcome::Purchased { label, .. } => {
             failpoints::reached(failpoints::AFTER_CARRIER).await;
             let stored = stored_label(&lease, label_from_carrier(label, now_ms()));
-            commit(&state, attempt, stored).await
+            commit(&state, attempt, stored, request_id).await
         }
-        CarrierOutcome::Rejected { status, detail } => save_rejection(attempt, status, detail).await,
+        CarrierOutcome::Rejected { status, detail } => save_rejection(attempt, status, detail, &request_id).await,
         CarrierOutcome::Indeterminate { reason: IN_PROGRESS } => {
             // Not an outage: another purchase of this parcel (another key's
             // request, or an earlier attempt) holds the carrier's key. Say
@@ -236,19 +242,19 @@ impl Purchase {
 }
 
 /// Transaction 2: the label and the completed record, together.
-async fn commit(state: &AppState, attempt: Attempt, stored: StoredLabel) -> Response {
+async fn commit(state: &AppState, attempt: Attempt, stored: StoredLabel, request_id: RequestId) -> Response {
     let labels = state.labels.clone();
     let response = attempt
-        .complete_with(|lease| async move { labels.commit(&lease, &stored).await })
+        .complete_with(|lease| async move { labels.commit(&lease, &stored, &request_id).await })
         .await;
     failpoints::reached(failpoints::AFTER_COMMIT).await;
     response
 }
 
 /// A definitive refusal by the carrier is saved and replayed like a label.
-async fn save_rejection(attempt: Attempt, carrier_status: u16, detail: String) -> Response {
+async fn save_rejection(attempt: Attempt, carrier_status: u16, detail: String, request_id: &RequestId) -> Response {
     let error = ApiError::DownstreamRejected { carrier_status, detail };
-    let saved = match error.saved() {
+    let saved = match error.saved(request_id) {
         Ok(saved) => saved,
         Err(invalid) => {
             let answer = ApiError::internal(format!("carrier refusal cannot be saved: {invalid}"));

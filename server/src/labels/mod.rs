@@ -17,6 +17,7 @@ pub use fdb::FdbLabels;
 pub use postgres::{LABELS_MIGRATION, PostgresLabels};
 pub use split::SplitLabels;
 
+use crate::request_context::RequestId;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use store_core::{CallerId, Fenced, HeldLease, SavedResponse, StoreError};
@@ -190,6 +191,14 @@ impl Label {
     }
 }
 
+/// The header of a saved label answer, first run and every replay alike:
+/// the request id (`x-request-id`) of the attempt that completed the
+/// record, after Stripe's `Original-Request`. A replay can be traced to the
+/// attempt whose logs show the work; and since only the lease holder
+/// completes a record, a second value for one key would show a late
+/// attempt's write getting past the fence (RELIABILITY.md, fault campaign).
+pub const ORIGINAL_REQUEST_HEADER: &str = "original-request";
+
 /// A label as stored: who owns it and which key made it (its SHA-256,
 /// never the key itself).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -200,8 +209,10 @@ pub struct StoredLabel {
     pub created_by_key_sha256: String,
 }
 
-/// The saved (and first-run) answer for a label: 201, JSON, Location.
-pub fn label_response(label: &Label) -> Result<SavedResponse, StoreError> {
+/// The saved (and first-run) answer for a label: 201, JSON, Location, and
+/// the request id of the attempt that completes the record
+/// ([`ORIGINAL_REQUEST_HEADER`]).
+pub fn label_response(label: &Label, completed_by: &RequestId) -> Result<SavedResponse, StoreError> {
     let body = serde_json::to_vec(label).map_err(|error| StoreError::Refused {
         detail: format!("label could not be serialized: {error}"),
         source: None,
@@ -209,6 +220,7 @@ pub fn label_response(label: &Label) -> Result<SavedResponse, StoreError> {
     let headers = vec![
         ("content-type".to_owned(), "application/json".to_owned()),
         ("location".to_owned(), label.location()),
+        (ORIGINAL_REQUEST_HEADER.to_owned(), completed_by.as_str().to_owned()),
     ];
     Ok(SavedResponse::new(201, headers, body)?)
 }
@@ -228,7 +240,15 @@ pub trait LabelStore: Send + Sync {
     /// Inserts the label unless its parcel has one, and completes the
     /// lease's record with the answer for the parcel's label, while the
     /// lease holds. Atomic stores do both in one transaction.
-    async fn commit(&self, lease: &HeldLease, label: &StoredLabel) -> Result<Fenced<SavedResponse>, StoreError>;
+    ///
+    /// `completed_by` is the request whose attempt holds the lease: its id
+    /// goes into the saved answer ([`label_response`]).
+    async fn commit(
+        &self,
+        lease: &HeldLease,
+        label: &StoredLabel,
+        completed_by: &RequestId,
+    ) -> Result<Fenced<SavedResponse>, StoreError>;
 
     /// A cheap round trip, for readiness.
     async fn ping(&self) -> Result<(), StoreError>;

@@ -6,6 +6,7 @@
 use super::{Label, LabelStore, LabelTable, Parcel, ShippingService, StoredLabel, label_response};
 use crate::failpoints;
 use crate::instrumented::timed;
+use crate::request_context::RequestId;
 use async_trait::async_trait;
 use std::sync::LazyLock;
 use store_core::{
@@ -171,11 +172,12 @@ impl PostgresLabels {
         &self,
         lease: &HeldLease,
         stored: &StoredLabel,
+        completed_by: &RequestId,
     ) -> Result<Option<SavedResponse>, StoreError> {
         // Neither the label nor the record is written before the statement
         // commits both: a crash here is a crash inside the transaction.
         failpoints::reached(failpoints::BEFORE_COMMIT).await;
-        let (Ok(response), Ok(values)) = (label_response(&stored.label), LabelValues::of(stored)) else {
+        let (Ok(response), Ok(values)) = (label_response(&stored.label, completed_by), LabelValues::of(stored)) else {
             // The transaction's effect reports the same refusal as its own.
             return Ok(None);
         };
@@ -198,15 +200,17 @@ impl PostgresLabels {
         &self,
         lease: &HeldLease,
         stored: &StoredLabel,
+        completed_by: &RequestId,
     ) -> Result<Fenced<SavedResponse>, StoreError> {
         let completion = self
             .store
             .complete_with(lease, |transaction| {
-                let stored = stored.clone();
+                let (stored, completed_by) = (stored.clone(), completed_by.clone());
                 Box::pin(async move {
                     let label = insert_or_existing(transaction.into_context(), &stored).await?;
                     failpoints::reached(failpoints::BEFORE_COMMIT).await;
-                    let saved = label_response(&label).map_err(|error| EffectError::Handler(Box::new(error)))?;
+                    let saved =
+                        label_response(&label, &completed_by).map_err(|error| EffectError::Handler(Box::new(error)))?;
                     Ok((saved, ()))
                 })
             })
@@ -338,12 +342,17 @@ impl LabelStore for PostgresLabels {
     /// is new and the lease holds (`complete_with_row`); otherwise in the
     /// transaction of `complete_with`, whose effect answers with the
     /// parcel's label as stored.
-    async fn commit(&self, lease: &HeldLease, label: &StoredLabel) -> Result<Fenced<SavedResponse>, StoreError> {
+    async fn commit(
+        &self,
+        lease: &HeldLease,
+        label: &StoredLabel,
+        completed_by: &RequestId,
+    ) -> Result<Fenced<SavedResponse>, StoreError> {
         timed(BACKEND, "label_commit", async {
-            if let Some(response) = self.commit_in_one_statement(lease, label).await? {
+            if let Some(response) = self.commit_in_one_statement(lease, label, completed_by).await? {
                 return Ok(Fenced::Applied(response));
             }
-            self.commit_in_a_transaction(lease, label).await
+            self.commit_in_a_transaction(lease, label, completed_by).await
         })
         .await
     }
@@ -416,6 +425,10 @@ mod tests {
         }
     }
 
+    fn completed_by() -> RequestId {
+        RequestId::new("fulfilment-4711").unwrap()
+    }
+
     fn stored(label_id: &str) -> StoredLabel {
         StoredLabel {
             label: Label {
@@ -440,7 +453,7 @@ mod tests {
         let lease = claimed(&labels, "one-statement").await;
         let label = stored("lbl_one_statement");
         let response = labels
-            .commit_in_one_statement(&lease, &label)
+            .commit_in_one_statement(&lease, &label, &completed_by())
             .await
             .unwrap()
             .expect("a new label for a held lease commits in one statement");
@@ -454,7 +467,7 @@ mod tests {
             .unwrap();
         assert_eq!(read.as_ref(), Some(&label.label), "the label as stored");
         assert_eq!(
-            label_response(&read.unwrap()).unwrap(),
+            label_response(&read.unwrap(), &completed_by()).unwrap(),
             response,
             "answered as it reads back"
         );
@@ -466,12 +479,20 @@ mod tests {
         let first = claimed(&labels, "first-key").await;
         let existing = stored("lbl_first");
         assert_eq!(
-            LabelStore::commit(&labels, &first, &existing).await.unwrap(),
-            Fenced::Applied(label_response(&existing.label).unwrap())
+            LabelStore::commit(&labels, &first, &existing, &completed_by())
+                .await
+                .unwrap(),
+            Fenced::Applied(label_response(&existing.label, &completed_by()).unwrap())
         );
         let second = claimed(&labels, "second-key").await;
         let another = stored("lbl_second");
-        assert_eq!(labels.commit_in_one_statement(&second, &another).await.unwrap(), None);
+        assert_eq!(
+            labels
+                .commit_in_one_statement(&second, &another, &completed_by())
+                .await
+                .unwrap(),
+            None
+        );
         let record = labels
             .store
             .inspect(&second.caller, &second.key)
@@ -480,8 +501,10 @@ mod tests {
             .unwrap();
         assert!(matches!(record.state, RecordState::Started { .. }), "nothing written");
         assert_eq!(
-            LabelStore::commit(&labels, &second, &another).await.unwrap(),
-            Fenced::Applied(label_response(&existing.label).unwrap()),
+            LabelStore::commit(&labels, &second, &another, &completed_by())
+                .await
+                .unwrap(),
+            Fenced::Applied(label_response(&existing.label, &completed_by()).unwrap()),
             "the parcel's one label"
         );
     }

@@ -6,6 +6,7 @@
 
 use super::{Label, LabelStore, LabelTable, Parcel, StoredLabel, label_response};
 use crate::failpoints;
+use crate::request_context::RequestId;
 use async_trait::async_trait;
 use std::sync::Arc;
 use store_core::{CallerId, Fenced, HeldLease, IdempotencyStore, SavedResponse, StoreError};
@@ -35,11 +36,16 @@ impl<T: LabelTable> LabelStore for SplitLabels<T> {
         self.labels.find_by_id(caller, label_id).await
     }
 
-    async fn commit(&self, lease: &HeldLease, label: &StoredLabel) -> Result<Fenced<SavedResponse>, StoreError> {
+    async fn commit(
+        &self,
+        lease: &HeldLease,
+        label: &StoredLabel,
+        completed_by: &RequestId,
+    ) -> Result<Fenced<SavedResponse>, StoreError> {
         let stored = self.labels.insert(label).await?;
         // The non-atomic window: the label is committed, the record is not.
         failpoints::reached(failpoints::BEFORE_COMMIT).await;
-        let saved = label_response(&stored)?;
+        let saved = label_response(&stored, completed_by)?;
         Ok(match self.records.complete(lease, saved.clone()).await? {
             Fenced::Applied(()) => Fenced::Applied(saved),
             Fenced::LeaseLost => Fenced::LeaseLost,

@@ -3,8 +3,11 @@
 //! guarantees held, with counterexamples:
 //!
 //! 1. each parcel bought at most once at the carrier;
-//! 2. every 201 for one (caller, key) carries the same label id and the
-//!    same body bytes, whichever instance answered and whenever;
+//! 2. every 201 for one (caller, key) carries the same label id, the same
+//!    body bytes and the same `Original-Request` (the attempt that completed
+//!    the record), whichever instance answered and whenever: a late
+//!    attempt whose completion got past the fence shows up as a second
+//!    `Original-Request`, even where its body is byte for byte the winner's;
 //! 3. every intent answered 201 has exactly one label row, the one it was told;
 //! 4. after the heal, every intent has its 201 (lost = 0);
 //! 5. availability during each kind of fault: the share of the intents in
@@ -229,9 +232,15 @@ pub fn check(dir: &Path) -> Report {
     }
     for intent in by_intent.values() {
         let first = intent.first();
-        let answers: BTreeSet<(Option<&str>, Option<&str>)> = intent
+        let answers: BTreeSet<(Option<&str>, Option<&str>, Option<&str>)> = intent
             .created()
-            .map(|attempt| (attempt.label_id.as_deref(), attempt.body_sha256.as_deref()))
+            .map(|attempt| {
+                (
+                    attempt.label_id.as_deref(),
+                    attempt.body_sha256.as_deref(),
+                    attempt.original_request.as_deref(),
+                )
+            })
             .collect();
         let mut violation = |property, detail| {
             violations.push(Violation {
@@ -375,6 +384,7 @@ mod tests {
             label_id: (status == Some(201)).then(|| label.to_owned()),
             replayed: phase == Phase::Replay,
             body_sha256: status.map(|_| body.to_owned()),
+            original_request: (status == Some(201)).then(|| format!("req_{intent}")),
         }
     }
 
@@ -501,6 +511,33 @@ mod tests {
             report.violations
         );
         assert_eq!(report.unpredicted().len(), 1);
+    }
+
+    /// What a completion past the fence leaves: the same label and the same
+    /// bytes, written by another attempt.
+    #[test]
+    fn a_replay_naming_another_original_request_is_a_divergent_answer() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut history = clean_history();
+        history[5].original_request = Some("req_late".to_owned());
+        write_campaign(
+            dir.path(),
+            &history,
+            &[row(0, "lbl_a"), row(1, "lbl_b")],
+            &[(1_000, 1), (1_001, 1)],
+        );
+        let report = check(dir.path());
+        assert_eq!(
+            report.count(Property::DivergentAnswers, Some("pause")),
+            1,
+            "{:?}",
+            report.violations
+        );
+        assert!(
+            report.violations[0].detail.contains("req_late"),
+            "{:?}",
+            report.violations
+        );
     }
 
     #[test]

@@ -55,6 +55,10 @@ pub struct AttemptRecord {
     pub replayed: bool,
     /// SHA-256 of the body bytes, hex.
     pub body_sha256: Option<String>,
+    /// The `Original-Request` header: the request id of the attempt that
+    /// completed the record (each attempt has its own: the workload sends
+    /// no `x-request-id`, so every instance makes a new one).
+    pub original_request: Option<String>,
 }
 
 /// One fault, from when it was injected to when it was healed.

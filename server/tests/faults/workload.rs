@@ -82,6 +82,7 @@ impl Middleware for AttemptRecorder {
             label_id: None,
             replayed: false,
             body_sha256: None,
+            original_request: None,
         };
         let answered = match result {
             Ok(response) => read_whole(response).await,
@@ -123,6 +124,11 @@ fn describe_answer(record: &mut AttemptRecord, parts: &http::response::Parts, bo
         .get("idempotent-replayed")
         .is_some_and(|value| value.as_bytes().eq_ignore_ascii_case(b"true"));
     record.body_sha256 = Some(hex::encode(Sha256::digest(body)));
+    record.original_request = parts
+        .headers
+        .get("original-request")
+        .and_then(|value| value.to_str().ok())
+        .map(str::to_owned);
     let json: serde_json::Value = serde_json::from_slice(body).unwrap_or(serde_json::Value::Null);
     if parts.status.as_u16() == 201 {
         record.label_id = json["label_id"].as_str().map(str::to_owned);

@@ -1,5 +1,6 @@
-//! Every answer carries a request id (the caller's, when it is sane), and
-//! a W3C `traceparent` from the caller reaches the carrier in the same trace.
+//! Every answer carries a request id (the caller's, when it is sane), a
+//! saved answer the id of the request that did the work, and a W3C
+//! `traceparent` from the caller reaches the carrier in the same trace.
 
 use crate::common::{ALICE, Options, TestServer, client, fresh_key, label_body, order_id};
 use axum::Router;
@@ -161,4 +162,61 @@ async fn a_traceparent_reaches_the_carrier_in_the_same_trace() {
         );
     }
     server.shutdown().await;
+}
+
+async fn create_with_request_id(server: &TestServer, key: &str, order_id: u64, request_id: &str) -> reqwest::Response {
+    client()
+        .post(format!("{}/v1/labels", server.base))
+        .bearer_auth(ALICE)
+        .header("idempotency-key", key)
+        .header("content-type", "application/json")
+        .header("x-request-id", request_id)
+        .body(label_body(order_id, 1))
+        .send()
+        .await
+        .unwrap()
+}
+
+fn header<'a>(response: &'a reqwest::Response, name: &str) -> Option<&'a str> {
+    response.headers().get(name).map(|value| value.to_str().unwrap())
+}
+
+/// A saved answer names the attempt that did the work (`Original-Request`,
+/// Stripe's convention), on the first run and on every replay, while each
+/// answer's own `x-request-id` is its own request's. A new key for a parcel
+/// that has its label is its own work: its answer names its own request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_saved_answer_names_the_request_that_did_the_work_on_every_replay() {
+    for backend in StoreKind::SELF_STARTED {
+        let server = TestServer::start(backend).await;
+        let (key, order) = (fresh_key(), order_id());
+        let first = create_with_request_id(&server, &key, order, "fulfilment-1.try-1").await;
+        assert_eq!(first.status(), 201, "{backend:?}");
+        assert_eq!(
+            header(&first, "original-request"),
+            Some("fulfilment-1.try-1"),
+            "{backend:?}"
+        );
+        let replay = create_with_request_id(&server, &key, order, "fulfilment-1.try-2").await;
+        assert_eq!(header(&replay, "idempotent-replayed"), Some("true"), "{backend:?}");
+        assert_eq!(
+            header(&replay, "x-request-id"),
+            Some("fulfilment-1.try-2"),
+            "{backend:?}"
+        );
+        assert_eq!(
+            header(&replay, "original-request"),
+            Some("fulfilment-1.try-1"),
+            "{backend:?}"
+        );
+        let other_key = create_with_request_id(&server, &fresh_key(), order, "fulfilment-2.try-1").await;
+        assert_eq!(other_key.status(), 201, "{backend:?}");
+        assert_eq!(header(&other_key, "idempotent-replayed"), None, "{backend:?}");
+        assert_eq!(
+            header(&other_key, "original-request"),
+            Some("fulfilment-2.try-1"),
+            "{backend:?}"
+        );
+        server.shutdown().await;
+    }
 }

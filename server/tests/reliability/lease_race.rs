@@ -30,6 +30,7 @@ use crate::support::{
 use server::backend::StoreKind;
 use server::carrier::SimulatorConfig;
 use server::labels::{Label, ShippingService, StoredLabel};
+use server::request_context::RequestId;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use store_core::{
@@ -214,6 +215,10 @@ fn stored_label(lease: &HeldLease, order_id: u64, label_id: String) -> StoredLab
     }
 }
 
+fn request_id(id: &str) -> RequestId {
+    RequestId::new(id).expect("a sane request id")
+}
+
 async fn claim(service: &Service, request: &ClaimRequest) -> HeldLease {
     match service.records.claim(request).await.expect("claim") {
         ClaimOutcome::Acquired(acquired) => acquired.lease,
@@ -243,15 +248,31 @@ async fn stale_commit_is_refused(backend: StoreKind, stale_first: bool) {
     let label_a = stored_label(&lease_a, order_id, format!("lbl_stale_{order_id}"));
     let label_b = stored_label(&lease_b, order_id, format!("lbl_winner_{order_id}"));
     let (stale, winner) = if stale_first {
-        let stale = service.labels.commit(&lease_a, &label_a).await.expect("stale commit");
+        let stale = service
+            .labels
+            .commit(&lease_a, &label_a, &request_id("attempt-a"))
+            .await
+            .expect("stale commit");
         (
             stale,
-            service.labels.commit(&lease_b, &label_b).await.expect("winner commit"),
+            service
+                .labels
+                .commit(&lease_b, &label_b, &request_id("attempt-b"))
+                .await
+                .expect("winner commit"),
         )
     } else {
-        let winner = service.labels.commit(&lease_b, &label_b).await.expect("winner commit");
+        let winner = service
+            .labels
+            .commit(&lease_b, &label_b, &request_id("attempt-b"))
+            .await
+            .expect("winner commit");
         (
-            service.labels.commit(&lease_a, &label_a).await.expect("stale commit"),
+            service
+                .labels
+                .commit(&lease_a, &label_a, &request_id("attempt-a"))
+                .await
+                .expect("stale commit"),
             winner,
         )
     };
