@@ -1,10 +1,14 @@
-//! A self-contained SVG chart: for each run, throughput per second against
-//! the target, and latency percentiles per second on a log scale.
+//! A self-contained SVG chart. For an open-loop run: throughput per second
+//! against the target, and latency percentiles per second on a log scale.
+//! For the metastable profile's second-by-second report: offered load
+//! against goodput and sheds, admitted p50 and p99 against the recovery
+//! objective, and the share of wasted work, with the phases' boundaries.
 //!
 //! plotters is built with only its SVG backend: text is written as SVG
 //! `<text>` elements for the viewer to render, so no font files or
 //! fontconfig are needed on the machine that draws the chart.
 
+use crate::http_mode::overload::{OverloadReport, RECOVERED_P99_MS_MAX, SecondReport};
 use crate::report::{RunSummary, SecondPoint};
 use plotters::prelude::*;
 use std::path::Path;
@@ -30,23 +34,56 @@ fn draw_error(error: impl std::fmt::Display) -> ChartError {
     ChartError::Draw(error.to_string())
 }
 
-/// Draws `runs` (name and summary) into an SVG file at `path`.
-pub fn write_svg(path: &Path, runs: &[(String, &RunSummary)]) -> Result<(), ChartError> {
-    let runs: Vec<_> = runs
-        .iter()
-        .filter(|(_, run)| !run.series.is_empty())
-        .take(RUNS_MAX)
-        .collect();
+/// What one run gives the chart: its per-second series.
+#[derive(Debug, Clone, Copy)]
+pub enum ChartedRun<'a> {
+    /// An open-loop run or a ramp step: two panels.
+    OpenLoop(&'a RunSummary),
+    /// The metastable profile, second by second: three panels.
+    Seconds(&'a OverloadReport),
+}
+
+impl ChartedRun<'_> {
+    fn panels(&self) -> usize {
+        match self {
+            ChartedRun::OpenLoop(_) => 2,
+            ChartedRun::Seconds(_) => 3,
+        }
+    }
+
+    fn has_series(&self) -> bool {
+        match self {
+            ChartedRun::OpenLoop(run) => !run.series.is_empty(),
+            ChartedRun::Seconds(report) => !report.seconds.is_empty(),
+        }
+    }
+}
+
+/// Draws `runs` (name and series) into an SVG file at `path`.
+pub fn write_svg(path: &Path, runs: &[(String, ChartedRun)]) -> Result<(), ChartError> {
+    let runs: Vec<_> = runs.iter().filter(|(_, run)| run.has_series()).take(RUNS_MAX).collect();
     if runs.is_empty() {
         return Err(ChartError::Empty);
     }
-    let height = PANEL_HEIGHT_PX * 2 * runs.len() as u32;
+    let panel_count: usize = runs.iter().map(|(_, run)| run.panels()).sum();
+    let height = PANEL_HEIGHT_PX * panel_count as u32;
     let root = SVGBackend::new(path, (WIDTH_PX, height)).into_drawing_area();
     root.fill(&WHITE).map_err(draw_error)?;
-    let panels = root.split_evenly((runs.len() * 2, 1));
-    for (run_number, (name, run)) in runs.iter().enumerate() {
-        draw_throughput(&panels[run_number * 2], name, run)?;
-        draw_latency(&panels[run_number * 2 + 1], name, run)?;
+    let panels = root.split_evenly((panel_count, 1));
+    let mut next_panel = 0;
+    for (name, run) in runs {
+        match run {
+            ChartedRun::OpenLoop(run) => {
+                draw_throughput(&panels[next_panel], name, run)?;
+                draw_latency(&panels[next_panel + 1], name, run)?;
+            }
+            ChartedRun::Seconds(report) => {
+                draw_goodput(&panels[next_panel], name, report)?;
+                draw_admitted_latency(&panels[next_panel + 1], name, report)?;
+                draw_wasted_work(&panels[next_panel + 2], name, report)?;
+            }
+        }
+        next_panel += run.panels();
     }
     root.present().map_err(draw_error)?;
     Ok(())
@@ -92,12 +129,7 @@ fn draw_throughput<DB: DrawingBackend>(
             .label("target")
             .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK.mix(0.5)));
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .draw()
-        .map_err(draw_error)
+    draw_legend(&mut chart)
 }
 
 /// A percentile's name, colour, and where it is in a second's summary.
@@ -148,6 +180,56 @@ fn draw_latency<DB: DrawingBackend>(
             .label(label)
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
     }
+    draw_legend(&mut chart)
+}
+
+/// A per-second line's name, colour, and its value in a second's report
+/// (none where that second has nothing to draw).
+type SecondLine = (&'static str, RGBColor, fn(&SecondReport) -> Option<f64>);
+
+/// The seconds at which each phase after the first begins.
+fn phase_boundaries(report: &OverloadReport) -> Vec<u32> {
+    let mut elapsed = 0.0;
+    let mut boundaries = Vec::new();
+    for phase in report.phases.iter().take(report.phases.len().saturating_sub(1)) {
+        elapsed += phase.duration_s;
+        boundaries.push(elapsed.round() as u32);
+    }
+    boundaries
+}
+
+/// Vertical grey lines at the phases' boundaries, from `bottom` to `top`.
+fn boundary_lines(report: &OverloadReport, bottom: f64, top: f64) -> Vec<PathElement<(u32, f64)>> {
+    phase_boundaries(report)
+        .into_iter()
+        .map(|second| PathElement::new(vec![(second, bottom), (second, top)], BLACK.mix(0.3)))
+        .collect()
+}
+
+/// A line through each second's `value`, where it has one.
+fn second_line<DB: DrawingBackend>(
+    report: &OverloadReport,
+    color: RGBColor,
+    value: impl Fn(&SecondReport) -> Option<f64>,
+) -> LineSeries<DB, (u32, f64)> {
+    let points: Vec<_> = report
+        .seconds
+        .iter()
+        .filter_map(|second| value(second).map(|value| (second.second as u32, value)))
+        .collect();
+    LineSeries::new(points, color.stroke_width(2))
+}
+
+fn seconds_axis(report: &OverloadReport) -> u32 {
+    (report.seconds.len() as u32).max(1)
+}
+
+fn draw_legend<'a, DB, X, Y>(chart: &mut ChartContext<'a, DB, Cartesian2d<X, Y>>) -> Result<(), ChartError>
+where
+    DB: DrawingBackend + 'a,
+    X: plotters::coord::ranged1d::Ranged,
+    Y: plotters::coord::ranged1d::Ranged,
+{
     chart
         .configure_series_labels()
         .background_style(WHITE.mix(0.8))
@@ -156,9 +238,149 @@ fn draw_latency<DB: DrawingBackend>(
         .map_err(draw_error)
 }
 
+fn draw_goodput<DB: DrawingBackend>(
+    area: &DrawingArea<DB, plotters::coord::Shift>,
+    name: &str,
+    report: &OverloadReport,
+) -> Result<(), ChartError> {
+    let seconds = seconds_axis(report);
+    let peak = report
+        .seconds
+        .iter()
+        .map(|second| second.offered_per_s.max(second.goodput_per_s).max(second.shed as f64))
+        .fold(1.0, f64::max);
+    let top = peak * 1.15;
+    let mut chart = ChartBuilder::on(area)
+        .caption(
+            format!("{name}: offered, goodput and shed per second (lines: phase boundaries)"),
+            ("sans-serif", 18),
+        )
+        .margin(12)
+        .x_label_area_size(32)
+        .y_label_area_size(70)
+        .build_cartesian_2d(0u32..seconds, 0f64..top)
+        .map_err(draw_error)?;
+    chart
+        .configure_mesh()
+        .x_desc("second of the profile")
+        .y_desc("intents/s")
+        .draw()
+        .map_err(draw_error)?;
+    chart
+        .draw_series(boundary_lines(report, 0.0, top))
+        .map_err(draw_error)?;
+    let lines: [SecondLine; 3] = [
+        ("offered", BLACK, |second| Some(second.offered_per_s)),
+        ("goodput", BLUE, |second| Some(second.goodput_per_s)),
+        ("shed", RED, |second| Some(second.shed as f64)),
+    ];
+    for (label, color, value) in lines {
+        chart
+            .draw_series(second_line(report, color, value))
+            .map_err(draw_error)?
+            .label(label)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+    }
+    draw_legend(&mut chart)
+}
+
+fn draw_admitted_latency<DB: DrawingBackend>(
+    area: &DrawingArea<DB, plotters::coord::Shift>,
+    name: &str,
+    report: &OverloadReport,
+) -> Result<(), ChartError> {
+    let seconds = seconds_axis(report);
+    let highest = report
+        .seconds
+        .iter()
+        .map(|second| second.admitted_p99_ms)
+        .fold(RECOVERED_P99_MS_MAX, f64::max);
+    let top = highest * 1.5;
+    let mut chart = ChartBuilder::on(area)
+        .caption(
+            format!("{name}: admitted latency (ms, log scale; dashed: the {RECOVERED_P99_MS_MAX} ms objective)"),
+            ("sans-serif", 18),
+        )
+        .margin(12)
+        .x_label_area_size(32)
+        .y_label_area_size(70)
+        .build_cartesian_2d(0u32..seconds, (LATENCY_FLOOR_MS..top).log_scale())
+        .map_err(draw_error)?;
+    chart
+        .configure_mesh()
+        .x_desc("second of the profile")
+        .y_desc("ms")
+        .draw()
+        .map_err(draw_error)?;
+    chart
+        .draw_series(boundary_lines(report, LATENCY_FLOOR_MS, top))
+        .map_err(draw_error)?;
+    chart
+        .draw_series(DashedLineSeries::new(
+            [(0, RECOVERED_P99_MS_MAX), (seconds, RECOVERED_P99_MS_MAX)],
+            6,
+            4,
+            BLACK.mix(0.6).stroke_width(1),
+        ))
+        .map_err(draw_error)?;
+    // A second with nothing admitted has no latency to draw.
+    let lines: [SecondLine; 2] = [
+        ("admitted p50", GREEN, |second| {
+            (second.admitted_p50_ms > 0.0).then_some(second.admitted_p50_ms.max(LATENCY_FLOOR_MS))
+        }),
+        ("admitted p99", BLUE, |second| {
+            (second.admitted_p99_ms > 0.0).then_some(second.admitted_p99_ms.max(LATENCY_FLOOR_MS))
+        }),
+    ];
+    for (label, color, value) in lines {
+        chart
+            .draw_series(second_line(report, color, value))
+            .map_err(draw_error)?
+            .label(label)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+    }
+    draw_legend(&mut chart)
+}
+
+fn draw_wasted_work<DB: DrawingBackend>(
+    area: &DrawingArea<DB, plotters::coord::Shift>,
+    name: &str,
+    report: &OverloadReport,
+) -> Result<(), ChartError> {
+    let seconds = seconds_axis(report);
+    let mut chart = ChartBuilder::on(area)
+        .caption(
+            format!("{name}: wasted work (% of the service's requests whose client had given up)"),
+            ("sans-serif", 18),
+        )
+        .margin(12)
+        .x_label_area_size(32)
+        .y_label_area_size(70)
+        .build_cartesian_2d(0u32..seconds, 0f64..100.0)
+        .map_err(draw_error)?;
+    chart
+        .configure_mesh()
+        .x_desc("second of the profile")
+        .y_desc("%")
+        .draw()
+        .map_err(draw_error)?;
+    chart
+        .draw_series(boundary_lines(report, 0.0, 100.0))
+        .map_err(draw_error)?;
+    chart
+        .draw_series(second_line(report, MAGENTA, |second| {
+            second.wasted_work_share.map(|share| share * 100.0)
+        }))
+        .map_err(draw_error)?
+        .label("wasted work")
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], MAGENTA));
+    draw_legend(&mut chart)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::http_mode::overload::PhaseReport;
     use crate::recorder::{Outcome, Recording};
     use crate::report::RunSummary;
     use std::time::{Duration, Instant};
@@ -186,12 +408,73 @@ mod tests {
         );
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("chart.svg");
-        write_svg(&path, &[("embedded".to_owned(), &summary)]).unwrap();
+        write_svg(&path, &[("embedded".to_owned(), ChartedRun::OpenLoop(&summary))]).unwrap();
         let svg = std::fs::read_to_string(&path).unwrap();
         assert!(svg.starts_with("<svg"), "{}", &svg[..80.min(svg.len())]);
         assert!(svg.contains("embedded: throughput"));
         assert!(svg.contains("p99.9"));
         assert!(svg.contains("<polyline"));
         assert!(matches!(write_svg(&path, &[]), Err(ChartError::Empty)));
+    }
+
+    fn phase(multiplier: f64, duration_s: f64) -> PhaseReport {
+        PhaseReport {
+            multiplier,
+            offered_per_s: 100.0 * multiplier,
+            duration_s,
+            intents: 0,
+            goodput_per_s: 0.0,
+            goodput_share_of_capacity: 0.0,
+            admitted_attempts: 0,
+            admitted_p50_ms: 0.0,
+            admitted_p99_ms: 0.0,
+            shed_attempts: 0,
+            lost: 0,
+            duplicated: 0,
+        }
+    }
+
+    #[test]
+    fn the_metastable_chart_has_goodput_admitted_latency_and_wasted_work_with_the_phases() {
+        let seconds = (0..9u64)
+            .map(|second| SecondReport {
+                second,
+                offered_per_s: if (3..6).contains(&second) { 300.0 } else { 100.0 },
+                goodput_per_s: 100.0,
+                admitted_p50_ms: 5.0,
+                admitted_p99_ms: if second == 4 { 0.0 } else { 20.0 },
+                shed: second,
+                wasted_work_share: (second != 0).then_some(0.1),
+            })
+            .collect();
+        let report = OverloadReport {
+            capacity_per_s: 100.0,
+            slo_p99_ms: 10.0,
+            phases: vec![phase(1.0, 3.0), phase(3.0, 3.0), phase(1.0, 3.0)],
+            recovery_s: Some(1),
+            seconds,
+            recovered_s: Some(1),
+            wasted_work_share: Some(0.1),
+        };
+        assert_eq!(phase_boundaries(&report), [3, 6]);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("metastable.svg");
+        write_svg(&path, &[("http redis".to_owned(), ChartedRun::Seconds(&report))]).unwrap();
+        let svg = std::fs::read_to_string(&path).unwrap();
+        for panel in ["offered, goodput and shed", "admitted latency", "wasted work (%"] {
+            assert!(svg.contains(&format!("http redis: {panel}")), "{panel}");
+        }
+        for line in ["admitted p99", "goodput", "shed", "wasted work"] {
+            assert!(svg.contains(&format!("\n{line}\n</text>")), "the legend names {line}");
+        }
+        // The overload profile reports no seconds: nothing to draw.
+        let overload = OverloadReport {
+            seconds: Vec::new(),
+            ..report.clone()
+        };
+        assert!(matches!(
+            write_svg(&path, &[("http redis".to_owned(), ChartedRun::Seconds(&overload))]),
+            Err(ChartError::Empty)
+        ));
     }
 }

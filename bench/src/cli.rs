@@ -41,6 +41,19 @@ pub enum Command {
     Compare(CompareArgs),
     /// Fill a store with completed label records at its backend's bulk path (records only, no label rows: they replay through the service from their saved responses, while GET /v1/labels/{id} of a loaded label answers 404), to measure it at the design's size.
     Preload(crate::preload::PreloadArgs),
+    /// Draw the per-second chart of reports saved by earlier runs (their `--json`) into one SVG file, running nothing.
+    Chart(ChartArgs),
+}
+
+/// `idem-bench chart`: saved reports in, one SVG out.
+#[derive(Debug, Clone, Args)]
+pub struct ChartArgs {
+    /// JSON reports written by earlier runs (`--json`), drawn in the order given.
+    #[arg(required = true, num_args = 1..)]
+    pub reports: Vec<PathBuf>,
+    /// The SVG file to write.
+    #[arg(long)]
+    pub out: PathBuf,
 }
 
 /// The offered load.
@@ -198,6 +211,9 @@ pub struct BackendArgs {
     /// Key prefix on the FoundationDB cluster; a fresh `bench-<hex>` per run when absent.
     #[arg(long)]
     pub foundationdb_key_prefix: Option<String>,
+    /// Claims that share one transaction at most on the embedded and FoundationDB stores (1 turns batching off; the store refuses more than it allows); each store's own default when absent.
+    #[arg(long)]
+    pub claim_batch_items_max: Option<usize>,
 }
 
 /// Closed-loop saturation and baseline settings.

@@ -1,6 +1,6 @@
-//! The four commands: `store`, `http`, `compare` and `preload`.
+//! The five commands: `store`, `http`, `compare`, `preload` and `chart`.
 
-use crate::cli::{Cli, Command, CompareArgs, CompareMode, OutputArgs, StoreArgs};
+use crate::cli::{ChartArgs, Cli, Command, CompareArgs, CompareMode, OutputArgs, StoreArgs};
 use crate::engine::PlanError;
 use crate::http_mode::{self, HttpError, HttpReport, HttpRun};
 use crate::interrupt;
@@ -46,6 +46,7 @@ pub async fn run(cli: Cli) -> ExitCode {
         Command::Http(args) => http(args).await,
         Command::Compare(args) => compare(args).await,
         Command::Preload(args) => preload(args).await,
+        Command::Chart(args) => chart(&args),
     };
     match (result, interrupt::global().interruption()) {
         (Ok(_), Some(interruption)) => ExitCode::from(interruption.signal.exit_code()),
@@ -107,6 +108,29 @@ async fn http(args: http_mode::cli::HttpArgs) -> Result<ExitCode, BenchError> {
 
 /// Fills one store; prints the summary and writes the JSON report (the
 /// report's `preload`).
+/// Draws saved reports again: a chart for a run that was made without
+/// `--chart`, or several runs in one picture. Each run is named after its
+/// report's file when there are several.
+fn chart(args: &ChartArgs) -> Result<ExitCode, BenchError> {
+    let reports = args
+        .reports
+        .iter()
+        .map(|path| Ok((path, Report::read_json(path)?)))
+        .collect::<Result<Vec<_>, OutputError>>()?;
+    let several = reports.len() > 1;
+    let mut runs = Vec::new();
+    for (path, report) in &reports {
+        let file_name = path.file_stem().map(|stem| stem.to_string_lossy()).unwrap_or_default();
+        for (name, run) in report.charted_runs() {
+            let name = if several { format!("{file_name}: {name}") } else { name };
+            runs.push((name, run));
+        }
+    }
+    crate::chart::write_svg(&args.out, &runs).map_err(OutputError::from)?;
+    eprintln!("chart written to {}", args.out.display());
+    Ok(ExitCode::SUCCESS)
+}
+
 async fn preload(args: crate::preload::PreloadArgs) -> Result<ExitCode, BenchError> {
     let seed = args.seed.unwrap_or_else(rand::random);
     let mut report = Report::new(seed);

@@ -1,13 +1,13 @@
 //! The whole report of one `idem-bench` command: JSON file, SVG chart and
 //! the tables printed at the end.
 
-use crate::chart;
+use crate::chart::{self, ChartedRun};
 use crate::http_mode::HttpReport;
 use crate::interrupt::Interruption;
 use crate::machine::Machine;
 use crate::preload::PreloadReport;
 use crate::ramp::RampReport;
-use crate::report::{RUN_HEADERS, RunSummary, Table, ms, rate, run_row};
+use crate::report::{RUN_HEADERS, Table, ms, rate, run_row};
 use crate::store_mode::run::StoreReport;
 use crate::targets::{self, TargetCheck};
 use serde::{Deserialize, Serialize};
@@ -62,6 +62,10 @@ pub struct RunLoad {
 pub enum OutputError {
     #[error("cannot write {path}: {source}")]
     Write { path: String, source: std::io::Error },
+    #[error("cannot read {path}: {source}")]
+    Read { path: String, source: std::io::Error },
+    #[error("{path} is not an idem-bench report: {source}")]
+    NotAReport { path: String, source: serde_json::Error },
     #[error("cannot encode the report: {0}")]
     Encode(#[from] serde_json::Error),
     #[error(transparent)]
@@ -100,12 +104,24 @@ impl Report {
         })
     }
 
+    /// A report an earlier run wrote with `--json`.
+    pub fn read_json(path: &Path) -> Result<Self, OutputError> {
+        let text = std::fs::read_to_string(path).map_err(|source| OutputError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        serde_json::from_str(&text).map_err(|source| OutputError::NotAReport {
+            path: path.display().to_string(),
+            source,
+        })
+    }
+
     /// Every run with a per-second series, named for the chart.
-    pub fn charted_runs(&self) -> Vec<(String, &RunSummary)> {
+    pub fn charted_runs(&self) -> Vec<(String, ChartedRun<'_>)> {
         let mut runs = Vec::new();
         for store in &self.store {
             if let Some(open_loop) = &store.open_loop {
-                runs.push((format!("store {}", store.backend), open_loop));
+                runs.push((format!("store {}", store.backend), ChartedRun::OpenLoop(open_loop)));
             }
             if let Some(ramp) = &store.ramp {
                 push_ramp(&mut runs, &format!("store {}", store.backend), ramp);
@@ -113,10 +129,13 @@ impl Report {
         }
         for http in &self.http {
             if let Some(open_loop) = &http.open_loop {
-                runs.push((format!("http {}", http.store_kind), open_loop));
+                runs.push((format!("http {}", http.store_kind), ChartedRun::OpenLoop(open_loop)));
             }
             if let Some(ramp) = &http.ramp {
                 push_ramp(&mut runs, &format!("http {}", http.store_kind), ramp);
+            }
+            if let Some(overload) = &http.overload {
+                runs.push((format!("http {}", http.store_kind), ChartedRun::Seconds(overload)));
             }
         }
         runs
@@ -312,9 +331,12 @@ impl Report {
     }
 }
 
-fn push_ramp<'a>(runs: &mut Vec<(String, &'a RunSummary)>, name: &str, ramp: &'a RampReport) {
+fn push_ramp<'a>(runs: &mut Vec<(String, ChartedRun<'a>)>, name: &str, ramp: &'a RampReport) {
     for step in &ramp.steps {
-        runs.push((format!("{name} @ {}/s", rate(step.rate_per_s)), &step.summary));
+        runs.push((
+            format!("{name} @ {}/s", rate(step.rate_per_s)),
+            ChartedRun::OpenLoop(&step.summary),
+        ));
     }
 }
 

@@ -1,9 +1,13 @@
 //! Claims batched across requests: the claims that arrive while a batch is
 //! in flight run together as one engine transaction, so a batch pays one
 //! commit instead of one per claim (store-core's [`Batcher`],
-//! docs/design.md#backend-foundationdb). On FoundationDB a commit is what a
-//! single cluster runs out of first: a claim and a completion are two of
-//! them per intent, and batching claims saves most of one.
+//! docs/design.md#backend-foundationdb). A batch sends one commit request
+//! and waits for one round of reads where its claims alone would send one
+//! each. FoundationDB's commit proxies already batch the commits that reach
+//! them together into one write to the transaction logs, so what a batch
+//! saves is the client's and the cluster's work per transaction, not a
+//! disk write: measured on one server, the capacity did not move either way
+//! (BENCHMARKS.md, "Claim batching on the FDB-style stores").
 //!
 //! The transaction does for each claim what a claim alone does
 //! (`FdbStore::transition`): it reads the item's record (every item's reads
@@ -58,8 +62,9 @@ pub const CLAIM_BATCH_ITEMS_MAX: usize = 64;
 pub const CLAIM_BATCH_ITEMS_MAX_DEFAULT_FOUNDATIONDB: usize = CLAIM_BATCH_ITEMS_MAX;
 /// Claims in one batch by default on the embedded engine: 1, no batching.
 /// Its committer already shares one fdatasync among the commits waiting for
-/// it (`embedded/committer.rs`); what batching adds there is to be measured
-/// before it is turned on.
+/// it (`embedded/committer.rs`), and measured, batching claims made the
+/// store's p99 at 2,000/s seven times worse (BENCHMARKS.md, "Claim batching
+/// on the FDB-style stores").
 pub const CLAIM_BATCH_ITEMS_MAX_DEFAULT_EMBEDDED: usize = 1;
 /// Claim batches in flight at once by default: one batch is read and
 /// decided while the other commits (store-core's `batch` module says why

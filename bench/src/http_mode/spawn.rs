@@ -352,8 +352,9 @@ async fn store_config(
         .clone()
         .unwrap_or_else(|| dir.join("data"));
     let embedded = format!(
-        "[store.embedded]\npath = {:?}\ndurability = \"{durability}\"\n",
-        path.display().to_string()
+        "[store.embedded]\npath = {:?}\ndurability = \"{durability}\"\n{}",
+        path.display().to_string(),
+        claim_batch_line(&settings.backend)
     );
     let fleet = settings.fleet;
     let (mut kind_section, mut guards, mut notes) = match settings.store_kind {
@@ -424,6 +425,14 @@ async fn postgres_config(_: &BackendArgs) -> Result<(String, BackendGuards, Vec<
     Err(SpawnError::Backend("postgres is not built into this binary".into()))
 }
 
+/// `batch_items_max` for the FDB-style stores' sections when
+/// `--claim-batch-items-max` is given; the server's default otherwise.
+fn claim_batch_line(args: &BackendArgs) -> String {
+    args.claim_batch_items_max
+        .map(|items_max| format!("batch_items_max = {items_max}\n"))
+        .unwrap_or_default()
+}
+
 /// The cluster is the one the bench is pointed at (never spawned); the
 /// server needs its own `foundationdb` feature, else it refuses the kind at
 /// startup and says so. Without this crate's feature the kind is refused
@@ -435,7 +444,10 @@ fn foundationdb_config(args: &BackendArgs) -> Result<(String, BackendGuards, Vec
     // (inherited by the spawned server) overrides, as in store mode.
     let cluster_file = cluster_file.unwrap_or_default();
     let prefix = crate::store_mode::foundationdb::key_prefix(args);
-    let section = format!("[store.foundationdb]\ncluster_file = {cluster_file:?}\nkey_prefix = {prefix:?}\n");
+    let section = format!(
+        "[store.foundationdb]\ncluster_file = {cluster_file:?}\nkey_prefix = {prefix:?}\n{}",
+        claim_batch_line(args)
+    );
     let notes = vec![format!("store: foundationdb, cluster {shown}, key prefix {prefix:?}")];
     Ok((section, Vec::new(), notes))
 }
@@ -466,6 +478,51 @@ mod tests {
         assert!(!is_spawned_service(&arguments(
             "vi /tmp/idem-bench-server-Ab12/server-0.toml"
         )));
+    }
+
+    fn backend_args(claim_batch_items_max: Option<usize>) -> BackendArgs {
+        BackendArgs {
+            embedded_durability: DurabilityArg::SyncData,
+            embedded_dir: None,
+            redis_url: None,
+            redis_persistence: crate::cli::RedisPersistence::Everysec,
+            postgres_url: None,
+            foundationdb_cluster_file: None,
+            foundationdb_key_prefix: None,
+            claim_batch_items_max,
+        }
+    }
+
+    /// The server the bench spawns loads its config as any server does.
+    async fn spawned_config(backend: BackendArgs) -> server::Config {
+        let dir = tempfile::tempdir().unwrap();
+        let settings = SpawnSettings {
+            store_kind: StoreKind::Embedded,
+            server_bin: None,
+            backend,
+            carrier: CarrierSettings {
+                lost_reply_rate: 0.0,
+                latency_ms_min: 0,
+                latency_ms_max: 0,
+            },
+            seed: 1,
+            fleet: FleetSettings::default(),
+        };
+        let (section, _guards, _notes) = store_config(&settings, dir.path()).await.unwrap();
+        let path = dir.path().join("server-0.toml");
+        std::fs::write(&path, server_config(20_000, &section, "http://127.0.0.1:20001")).unwrap();
+        server::Config::load(Some(&path), std::iter::empty()).expect("the spawned server's config")
+    }
+
+    #[tokio::test]
+    async fn the_claim_batch_bound_reaches_the_spawned_server_only_when_given() {
+        let given = spawned_config(backend_args(Some(8))).await;
+        assert_eq!(given.store.embedded.batch_items_max, 8);
+        let default = spawned_config(backend_args(None)).await;
+        assert_eq!(
+            default.store.embedded.batch_items_max,
+            store_fdb::EmbeddedConfig::default().batch_items_max
+        );
     }
 
     #[test]

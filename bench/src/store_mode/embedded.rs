@@ -22,6 +22,8 @@ pub struct EmbeddedOptions {
     pub durability: Durability,
     /// A directory to use (kept afterwards); a temporary one when `None`.
     pub dir: Option<PathBuf>,
+    /// Claims per batch at most; the engine's default when `None`.
+    pub claim_batch_items_max: Option<usize>,
 }
 
 pub fn durability_name(durability: Durability) -> &'static str {
@@ -38,6 +40,9 @@ pub async fn open(options: &EmbeddedOptions, policy: Policy) -> Result<StoreTarg
         None => EmbeddedConfig::temporary(),
     };
     config.durability = options.durability;
+    if let Some(items_max) = options.claim_batch_items_max {
+        config.batch_items_max = items_max;
+    }
     let store_config = StoreConfig {
         kind: StoreKind::Embedded,
         embedded: config.clone(),
@@ -58,6 +63,7 @@ pub async fn open(options: &EmbeddedOptions, policy: Policy) -> Result<StoreTarg
         notes: vec![
             format!("durability: {}", durability_name(options.durability)),
             format!("directory: {}", config.path.display()),
+            format!("claims per batch at most: {}", config.batch_items_max),
         ],
         intents,
         baseline: Some(Baseline {
@@ -161,6 +167,7 @@ mod tests {
         let options = EmbeddedOptions {
             durability: Durability::Buffer,
             dir: None,
+            claim_batch_items_max: None,
         };
         let target = open(&options, Policy::default()).await.unwrap();
         assert_eq!(target.intents.operation(0).await, Outcome::success("first_run"));

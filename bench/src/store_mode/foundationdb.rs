@@ -45,12 +45,15 @@ pub fn key_prefix(args: &BackendArgs) -> String {
 pub async fn open(args: &BackendArgs, policy: Policy) -> Result<StoreTarget, TargetError> {
     let (cluster_file, cluster_shown) = cluster_file(args);
     let prefix = key_prefix(args);
+    let defaults = FoundationDbConfig::default();
+    let batch_items_max = args.claim_batch_items_max.unwrap_or(defaults.batch_items_max);
     let store_config = StoreConfig {
         kind: StoreKind::Foundationdb,
         foundationdb: FoundationDbConfig {
             cluster_file,
             prefix: KeyPrefix::Bytes(prefix.clone().into_bytes()),
-            ..FoundationDbConfig::default()
+            batch_items_max,
+            ..defaults
         },
         ..StoreConfig::default()
     };
@@ -69,6 +72,7 @@ pub async fn open(args: &BackendArgs, policy: Policy) -> Result<StoreTarget, Tar
         notes: vec![
             format!("cluster: {cluster_shown}"),
             format!("key prefix: {prefix:?} (left in place after the run)"),
+            format!("claims per batch at most: {batch_items_max}"),
             "durability: the cluster's (its storage engine and replication; the bench does not configure them)".into(),
         ],
         intents,

@@ -192,6 +192,7 @@ pub async fn prepare(
             let options = embedded::EmbeddedOptions {
                 durability: args.embedded_durability.durability(),
                 dir: args.embedded_dir.clone(),
+                claim_batch_items_max: args.claim_batch_items_max,
             };
             embedded::open(&options, policy).await
         }

@@ -219,6 +219,7 @@ mod tests {
             postgres_url: None,
             foundationdb_cluster_file: None,
             foundationdb_key_prefix: None,
+            claim_batch_items_max: None,
         };
         let target = open(&args, Policy::default()).await.unwrap();
         assert_eq!(target.intents.operation(0).await, Outcome::success("first_run"));
