@@ -204,18 +204,18 @@ mod tests {
 
     #[test]
     fn a_busy_process_shows_cpu_and_context_switches() {
-        let own = std::process::id();
-        let before = Counters::of(own).expect("own counters");
-        // Work and sleep, so both counters move.
-        let mut sum = 0_u64;
-        for round in 0..20 {
-            for value in 0..200_000_u64 {
-                sum = sum.wrapping_add(value * round);
-            }
-            std::thread::sleep(std::time::Duration::from_millis(1));
-        }
-        assert!(sum > 0);
-        let after = Counters::of(own).expect("own counters");
+        // A process of its own, not this test binary: its other tests'
+        // threads come and go, and a thread that ends takes its counts with
+        // it. The shell waits for 30 short sleeps, a context switch each.
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", "for i in $(seq 30); do sleep 0.01; done; sleep 5"])
+            .spawn()
+            .expect("sh");
+        let before = Counters::of(child.id()).expect("the child's counters");
+        std::thread::sleep(std::time::Duration::from_millis(1_500));
+        let after = Counters::of(child.id()).expect("the child's counters");
+        let _ = child.kill();
+        let _ = child.wait();
         assert!(after.cpu_s >= before.cpu_s);
         assert!(
             after.context_switches >= before.context_switches + 20,
