@@ -41,6 +41,10 @@ pub enum Command {
     Compare(CompareArgs),
     /// Fill a store with completed label records at its backend's bulk path (records only, no label rows: they replay through the service from their saved responses, while GET /v1/labels/{id} of a loaded label answers 404), to measure it at the design's size.
     Preload(crate::preload::PreloadArgs),
+    /// Start a redis-server or PostgreSQL server as the stores' harnesses do (durable, a free loopback port, a temporary directory), write its URL to --url-file, and keep it until SIGINT or SIGTERM: one store for the several steps of scripts/day-of-keys.
+    StoreServer(crate::store_server::StoreServerArgs),
+    /// Read the folders scripts/day-of-keys wrote and print their markdown tables (the day of keys per backend, or the growth curve with its extrapolation to 172.8M records); draw each run's store size and service memory over time (day-of-keys.svg).
+    DayReport(crate::day_report::DayReportArgs),
 }
 
 /// The offered load.
