@@ -3,6 +3,8 @@
 //! For the metastable profile's second-by-second report: offered load
 //! against goodput and sheds, admitted p50 and p99 against the recovery
 //! objective, and the share of wasted work, with the phases' boundaries.
+//! And panels of measurements over time ([`write_time_series_svg`]: a
+//! store's size and a service's memory through a long run).
 //!
 //! plotters is built with only its SVG backend: text is written as SVG
 //! `<text>` elements for the viewer to render, so no font files or
@@ -377,6 +379,79 @@ fn draw_wasted_work<DB: DrawingBackend>(
     draw_legend(&mut chart)
 }
 
+/// Most panels drawn in one time-series chart.
+pub const TIME_PANELS_MAX: usize = 8;
+/// Colours of a panel's lines, in order.
+const LINE_COLOURS: [RGBColor; 5] = [BLUE, RED, GREEN, MAGENTA, BLACK];
+
+/// One measurement over time: its name and its points (seconds, value).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TimeLine {
+    pub name: String,
+    pub points: Vec<(f64, f64)>,
+}
+
+/// One panel of a time-series chart: a title, the unit of its values and
+/// its lines, drawn against seconds on a linear scale from zero.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TimePanel {
+    pub title: String,
+    pub unit: String,
+    pub lines: Vec<TimeLine>,
+}
+
+/// Draws `panels`, one above the other, into an SVG file at `path`;
+/// panels without a point are left out.
+pub fn write_time_series_svg(path: &Path, panels: &[TimePanel]) -> Result<(), ChartError> {
+    let panels: Vec<&TimePanel> = panels
+        .iter()
+        .filter(|panel| panel.lines.iter().any(|line| !line.points.is_empty()))
+        .take(TIME_PANELS_MAX)
+        .collect();
+    if panels.is_empty() {
+        return Err(ChartError::Empty);
+    }
+    let root = SVGBackend::new(path, (WIDTH_PX, PANEL_HEIGHT_PX * panels.len() as u32)).into_drawing_area();
+    root.fill(&WHITE).map_err(draw_error)?;
+    for (area, panel) in root.split_evenly((panels.len(), 1)).iter().zip(panels) {
+        draw_time_panel(area, panel)?;
+    }
+    root.present().map_err(draw_error)?;
+    Ok(())
+}
+
+fn draw_time_panel<DB: DrawingBackend>(
+    area: &DrawingArea<DB, plotters::coord::Shift>,
+    panel: &TimePanel,
+) -> Result<(), ChartError> {
+    let points = || panel.lines.iter().flat_map(|line| line.points.iter());
+    let last_second = points().map(|(second, _)| *second).fold(1.0, f64::max);
+    let highest = points().map(|(_, value)| *value).fold(0.0, f64::max);
+    let top = if highest > 0.0 { highest * 1.15 } else { 1.0 };
+    let mut chart = ChartBuilder::on(area)
+        .caption(format!("{} ({})", panel.title, panel.unit), ("sans-serif", 18))
+        .margin(12)
+        .x_label_area_size(32)
+        .y_label_area_size(80)
+        .build_cartesian_2d(0f64..last_second, 0f64..top)
+        .map_err(draw_error)?;
+    chart
+        .configure_mesh()
+        .x_desc("seconds since the first sample")
+        .y_desc(panel.unit.as_str())
+        .draw()
+        .map_err(draw_error)?;
+    for (line, colour) in panel.lines.iter().zip(LINE_COLOURS.iter().cycle()) {
+        let colour = *colour;
+        chart
+            .draw_series(LineSeries::new(line.points.iter().copied(), colour.stroke_width(2)))
+            .map_err(draw_error)?
+            .label(line.name.as_str())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], colour));
+    }
+    draw_legend(&mut chart)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -474,6 +549,34 @@ mod tests {
         };
         assert!(matches!(
             write_svg(&path, &[("http redis".to_owned(), ChartedRun::Seconds(&overload))]),
+            Err(ChartError::Empty)
+        ));
+    }
+
+    #[test]
+    fn a_time_series_chart_has_a_panel_per_measurement_and_skips_empty_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("series.svg");
+        let panel = |title: &str, points: Vec<(f64, f64)>| TimePanel {
+            title: title.to_owned(),
+            unit: "MiB".to_owned(),
+            lines: vec![TimeLine {
+                name: format!("{title} line"),
+                points,
+            }],
+        };
+        let panels = [
+            panel("store size", vec![(0.0, 10.0), (5.0, 12.0), (10.0, 11.0)]),
+            panel("nothing sampled", Vec::new()),
+        ];
+        write_time_series_svg(&path, &panels).unwrap();
+        let svg = std::fs::read_to_string(&path).unwrap();
+        assert!(svg.contains("store size (MiB)"), "{svg}");
+        assert!(svg.contains("store size line"));
+        assert!(!svg.contains("nothing sampled"));
+        assert!(svg.contains("<polyline"));
+        assert!(matches!(
+            write_time_series_svg(&path, &panels[1..]),
             Err(ChartError::Empty)
         ));
     }

@@ -43,6 +43,10 @@ pub enum Command {
     Preload(crate::preload::PreloadArgs),
     /// Draw the per-second chart of reports saved by earlier runs (their `--json`) into one SVG file, running nothing.
     Chart(ChartArgs),
+    /// Start a redis-server or PostgreSQL server as the stores' harnesses do (durable, a free loopback port, a temporary directory), write its URL to --url-file, and keep it until SIGINT or SIGTERM: one store for the several steps of scripts/day-of-keys.
+    StoreServer(crate::store_server::StoreServerArgs),
+    /// Read the folders scripts/day-of-keys wrote and print their markdown tables (the day of keys per backend, or the growth curve with its extrapolation to 172.8M records); draw each run's store size and service memory over time (day-of-keys.svg).
+    DayReport(crate::day_report::DayReportArgs),
 }
 
 /// `idem-bench chart`: saved reports in, one SVG out.

@@ -1,4 +1,5 @@
-//! The five commands: `store`, `http`, `compare`, `preload` and `chart`.
+//! The commands: `store`, `http`, `compare`, `preload`, `chart`,
+//! `store-server` and `day-report`.
 
 use crate::cli::{ChartArgs, Cli, Command, CompareArgs, CompareMode, OutputArgs, StoreArgs};
 use crate::engine::PlanError;
@@ -31,6 +32,10 @@ pub enum BenchError {
     Http(#[from] HttpError),
     #[error(transparent)]
     Preload(#[from] crate::preload::PreloadError),
+    #[error(transparent)]
+    StoreServer(#[from] crate::store_server::StoreServerError),
+    #[error(transparent)]
+    DayReport(#[from] crate::day_report::DayReportError),
 }
 
 /// Runs one command. A SIGINT or SIGTERM ends it early with a partial
@@ -47,6 +52,11 @@ pub async fn run(cli: Cli) -> ExitCode {
         Command::Compare(args) => compare(args).await,
         Command::Preload(args) => preload(args).await,
         Command::Chart(args) => chart(&args),
+        Command::StoreServer(args) => crate::store_server::run(&args)
+            .await
+            .map(|()| ExitCode::SUCCESS)
+            .map_err(BenchError::from),
+        Command::DayReport(args) => day_report(&args),
     };
     match (result, interrupt::global().interruption()) {
         (Ok(_), Some(interruption)) => ExitCode::from(interruption.signal.exit_code()),
@@ -143,6 +153,12 @@ async fn preload(args: crate::preload::PreloadArgs) -> Result<ExitCode, BenchErr
         report.write_json(path)?;
         eprintln!("report written to {}", path.display());
     }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Prints the report of day-of-keys folders (its charts are written into them).
+fn day_report(args: &crate::day_report::DayReportArgs) -> Result<ExitCode, BenchError> {
+    print!("{}", crate::day_report::run(args)?);
     Ok(ExitCode::SUCCESS)
 }
 

@@ -14,6 +14,10 @@
 //! - [`compare`]: `compare --mode full`, the published set for every backend in one run, and its table.
 //! - [`preload`]: `preload`, a store filled with completed records at its
 //!   backend's bulk path, to be measured at the design's size.
+//! - [`store_server`]: `store-server`, a redis-server or PostgreSQL server
+//!   from the stores' harnesses, kept for a script's several steps.
+//! - [`day_report`]: `day-report`, the tables and charts of
+//!   `scripts/day-of-keys` runs.
 //! - [`interrupt`]: Ctrl-C and SIGTERM end a run early with a partial report.
 //! - [`output`], [`chart`], [`progress`]: tables, JSON, SVG, progress bar.
 //! - [`targets`]: the performance targets of BENCHMARKS.md, checked against what a run measured.
@@ -22,6 +26,7 @@ pub mod chart;
 pub mod cli;
 pub mod commands;
 pub mod compare;
+pub mod day_report;
 pub mod engine;
 pub mod http_mode;
 pub mod intent;
@@ -36,4 +41,5 @@ pub mod recorder;
 pub mod report;
 pub mod schedule;
 pub mod store_mode;
+pub mod store_server;
 pub mod targets;
