@@ -222,6 +222,26 @@ fn second_line<DB: DrawingBackend>(
     LineSeries::new(points, color.stroke_width(2))
 }
 
+/// Draws each line through the report's seconds, then the legend naming them.
+fn draw_second_lines<'a, DB, Y>(
+    chart: &mut ChartContext<'a, DB, Cartesian2d<plotters::coord::types::RangedCoordu32, Y>>,
+    report: &OverloadReport,
+    lines: impl IntoIterator<Item = SecondLine>,
+) -> Result<(), ChartError>
+where
+    DB: DrawingBackend + 'a,
+    Y: plotters::coord::ranged1d::Ranged<ValueType = f64>,
+{
+    for (label, color, value) in lines {
+        chart
+            .draw_series(second_line(report, color, value))
+            .map_err(draw_error)?
+            .label(label)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+    }
+    draw_legend(chart)
+}
+
 fn seconds_axis(report: &OverloadReport) -> u32 {
     (report.seconds.len() as u32).max(1)
 }
@@ -276,14 +296,7 @@ fn draw_goodput<DB: DrawingBackend>(
         ("goodput", BLUE, |second| Some(second.goodput_per_s)),
         ("shed", RED, |second| Some(second.shed as f64)),
     ];
-    for (label, color, value) in lines {
-        chart
-            .draw_series(second_line(report, color, value))
-            .map_err(draw_error)?
-            .label(label)
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
-    }
-    draw_legend(&mut chart)
+    draw_second_lines(&mut chart, report, lines)
 }
 
 fn draw_admitted_latency<DB: DrawingBackend>(
@@ -334,14 +347,7 @@ fn draw_admitted_latency<DB: DrawingBackend>(
             (second.admitted_p99_ms > 0.0).then_some(second.admitted_p99_ms.max(LATENCY_FLOOR_MS))
         }),
     ];
-    for (label, color, value) in lines {
-        chart
-            .draw_series(second_line(report, color, value))
-            .map_err(draw_error)?
-            .label(label)
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
-    }
-    draw_legend(&mut chart)
+    draw_second_lines(&mut chart, report, lines)
 }
 
 fn draw_wasted_work<DB: DrawingBackend>(
