@@ -207,8 +207,11 @@ mod tests {
         // A process of its own, not this test binary: its other tests'
         // threads come and go, and a thread that ends takes its counts with
         // it. The shell waits for 30 short sleeps, a context switch each.
+        // Its last sleep replaces the shell, so killing the child ends it.
         let mut child = std::process::Command::new("sh")
-            .args(["-c", "for i in $(seq 30); do sleep 0.01; done; sleep 5"])
+            .args(["-c", "for i in $(seq 30); do sleep 0.01; done; exec sleep 5"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
             .spawn()
             .expect("sh");
         let before = Counters::of(child.id()).expect("the child's counters");
