@@ -2,7 +2,7 @@
 //! three seconds, 1x again) against the Label service on the embedded
 //! store. It asserts the audit's exactly-once half (no parcel bought twice,
 //! no intent with two labels) and that the service answers with labels
-//! again after the trigger; never a speed.
+//! again after the trigger, and that its chart is drawn; never a speed.
 
 mod common;
 
@@ -13,7 +13,11 @@ async fn after_a_trigger_the_service_answers_again_and_nothing_is_bought_twice()
     let service = LabelService::start(0.0).await;
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("report.json");
+    let chart = dir.path().join("metastable.svg");
+    let chart_argument = chart.display().to_string();
     let profile = [
+        "--chart",
+        &chart_argument,
         "--profile",
         "metastable",
         "--steady-s",
@@ -46,5 +50,10 @@ async fn after_a_trigger_the_service_answers_again_and_nothing_is_bought_twice()
         seconds.iter().any(|second| !second["wasted_work_share"].is_null()),
         "the server's work was sampled: {seconds:?}"
     );
+    // The run's chart is drawn from the seconds above.
+    let svg = std::fs::read_to_string(&chart).expect("the run's chart");
+    for panel in ["offered, goodput and shed", "admitted latency", "wasted work"] {
+        assert!(svg.contains(panel), "the chart's {panel} panel");
+    }
     service.running.shutdown().await.unwrap();
 }
