@@ -4,8 +4,15 @@
 //! purges against inserts, the drifts, the restart times, PostgreSQL's
 //! vacuum) and which targets they miss, the chart is drawn, a growth
 //! folder's sizes are extrapolated along their line to 172.8M records, and
-//! a folder that is not a run's is refused by name.
+//! a folder that is not a run's is refused by name. The fixtures hold only
+//! what the report reads, so the figures are also read from reports that
+//! `idem-bench http` and `preload` really wrote.
 
+mod common;
+
+use bench::day_report::parse::{load_figures, preload_figures};
+use bench::output::Report;
+use common::LabelService;
 use std::path::Path;
 use std::process::Output;
 
@@ -211,4 +218,59 @@ fn a_folder_without_a_scenario_is_refused_by_name() {
     assert!(!output.status.success());
     assert!(stderr.contains("scenario.txt"), "{stderr}");
     assert!(stderr.contains("not a day-of-keys folder"), "{stderr}");
+}
+
+/// The report reads its figures by their place in the JSON: here from the
+/// reports the bench writes, compared with the same figures read through
+/// the bench's own types, so that a renamed field fails here and not in a
+/// day-long run's report.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_figures_are_read_from_the_reports_the_bench_really_writes() {
+    let service = LabelService::start(0.0).await;
+    let dir = tempfile::tempdir().unwrap();
+    let http_json = dir.path().join("steady.json");
+    let run = common::run_bench(&service, &http_json, &[]).await;
+    common::passed_http_report(&run, &http_json);
+    service.running.shutdown().await.unwrap();
+    let figures = load_figures("steady.json", &common::read_report(&http_json)).expect("an http report's figures");
+    let typed = Report::read_json(&http_json).unwrap();
+    let open_loop = typed.http[0].open_loop.as_ref().expect("an open-loop run");
+    assert_eq!(figures.achieved_per_s, open_loop.achieved_rate_per_s);
+    assert_eq!(figures.p50_ms, open_loop.latency.p50_ms);
+    assert_eq!(figures.p99_ms, open_loop.latency.p99_ms);
+    assert_eq!(figures.p999_ms, open_loop.latency.p999_ms);
+    assert!(figures.audit_passed);
+
+    let preload_json = dir.path().join("preload.json");
+    let store_dir = dir.path().join("store");
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_idem-bench"))
+        .args([
+            "preload",
+            "--store-kind",
+            "embedded",
+            "--records",
+            "500",
+            "--quiet",
+            "--json",
+        ])
+        .arg(&preload_json)
+        .arg("--embedded-dir")
+        .arg(&store_dir)
+        .output()
+        .await
+        .unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let figures = preload_figures("preload.json", &common::read_report(&preload_json)).expect("a preload's figures");
+    let typed = Report::read_json(&preload_json)
+        .unwrap()
+        .preload
+        .expect("a preload report");
+    assert_eq!(figures.records_written, 500);
+    assert_eq!(figures.records_written, typed.records_written);
+    assert_eq!(figures.records_per_s, typed.records_per_s);
+    assert_eq!(figures.bytes_per_record, typed.size.bytes_per_record);
+    assert!(
+        figures.bytes_per_record.is_some(),
+        "the embedded store's size is measured"
+    );
 }
