@@ -86,10 +86,16 @@ impl KeyLayout {
         ))
     }
 
-    /// Keys of one shard due at or before `now_ms`: `[begin, end)`.
-    pub fn expiry_due_range(&self, shard: u16, now_ms: u64) -> (Vec<u8>, Vec<u8>) {
+    /// Keys of one shard expiring from `from_ms` up to `now_ms`, both
+    /// included: `[begin, end)`. From 0, the range starts at the shard's
+    /// first key, whatever it is, so a key that does not parse is found too.
+    pub fn expiry_due_range(&self, shard: u16, from_ms: u64, now_ms: u64) -> (Vec<u8>, Vec<u8>) {
         let shard_space = self.expiry.subspace(&(shard,));
-        let (begin, _) = shard_space.range();
+        let begin = if from_ms == 0 {
+            shard_space.range().0
+        } else {
+            shard_space.pack(&(from_ms,))
+        };
         (begin, shard_space.pack(&(now_ms + 1,)))
     }
 
@@ -125,8 +131,13 @@ mod tests {
             (expires, kind.as_str(), parsed.digest),
             (2_000, KIND_RECORD, slot.digest)
         );
-        let (begin, end) = layout.expiry_due_range(slot.shard, 1_500);
+        let (begin, end) = layout.expiry_due_range(slot.shard, 0, 1_500);
         assert!(begin <= early && early < end && late >= end);
+        // Exactly from `from_ms`: an entry at it is in, one before it out.
+        let (begin, end) = layout.expiry_due_range(slot.shard, 1_000, 2_000);
+        assert!(begin <= early && late < end);
+        let (begin, _) = layout.expiry_due_range(slot.shard, 1_001, 2_000);
+        assert!(early < begin);
     }
 
     #[test]

@@ -13,8 +13,12 @@
 
 use crate::claim_batch::{BatchedClaim, ClaimBatchRunner, ClaimBatcher, ClaimItem};
 use crate::engine::{Engine, EngineError, MaybeCommitted, RunOptions, Transaction, TxError};
-use crate::keys::{KIND_RECORD, KIND_TOMBSTONE, KeyLayout, RECORD_CHUNK_BYTES_MAX, RECORD_CHUNKS_MAX, Slot};
+use crate::keys::{
+    EXPIRY_SHARDS, KIND_RECORD, KIND_TOMBSTONE, KeyLayout, RECORD_CHUNK_BYTES_MAX, RECORD_CHUNKS_MAX, Slot,
+};
 use async_trait::async_trait;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use store_core::machine::{self, Found, Step, Write};
 use store_core::{
     BatchError, Batcher, CallerId, ChangeHub, ClaimOutcome, ClaimRequest, Fenced, ForgetOutcome, HeldLease,
@@ -34,6 +38,11 @@ pub const PURGE_READ_BYTES_PER_TRANSACTION_MAX: usize = 1_000_000;
 /// batch on every retry. The rest of the 5 s is for the last read and the
 /// commit; the next transaction carries on.
 pub const PURGE_TRANSACTION_MS_MAX: u64 = 2_000;
+/// How far behind this process's clock another writer's clock may be (or
+/// this clock may step back) without a purge missing an index entry: a
+/// shard's next scan starts this long before the time its last drained scan
+/// read (see [`PurgeCursors`]).
+pub const PURGE_CURSOR_SKEW_MS_MAX: u64 = 60_000;
 
 /// What one purge transaction did.
 #[derive(Debug, Default)]
@@ -48,6 +57,43 @@ struct PurgeBatch {
     entries: usize,
     /// True when the shard has no more due entries.
     drained: bool,
+    /// The clock reading the scan took as now.
+    now_ms: u64,
+}
+
+/// Where each expiry shard's next purge scan starts, by expiry time.
+///
+/// A purge clears every index entry it reads, but on an LSM engine (the
+/// embedded one) a cleared key stays as a tombstone until compaction
+/// reaches it, and a range scan steps over each one: scanning a shard from
+/// its start reads every entry purged since the last compaction, again on
+/// every purge transaction (BENCHMARKS.md, "A day of keys"). After a scan
+/// that drained its shard at time `now`, no entry due by `now` is left, and
+/// every entry written later expires after its writer's clock reading (a
+/// record at now + retention, a tombstone after the purge that writes it),
+/// so the next scan may start at `now` less [`PURGE_CURSOR_SKEW_MS_MAX`].
+/// Kept in memory: a restarted process scans each shard once from its
+/// start, which also picks up an entry a clock skewed past the margin hid.
+struct PurgeCursors {
+    scan_start_ms: Vec<AtomicU64>,
+}
+
+impl PurgeCursors {
+    fn new() -> Self {
+        Self {
+            scan_start_ms: (0..EXPIRY_SHARDS).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+
+    fn scan_start_ms(&self, shard: u16) -> u64 {
+        self.scan_start_ms[usize::from(shard)].load(Ordering::Relaxed)
+    }
+
+    /// After a scan of `shard` at `now_ms` left no due entry behind.
+    fn drained(&self, shard: u16, now_ms: u64) {
+        self.scan_start_ms[usize::from(shard)]
+            .fetch_max(now_ms.saturating_sub(PURGE_CURSOR_SKEW_MS_MAX), Ordering::Relaxed);
+    }
 }
 
 /// What the purge did with the record behind one index entry, and how many
@@ -82,6 +128,7 @@ pub struct FdbStore<E: Engine> {
     /// every claim goes alone. Its runner holds a copy of the settings
     /// above, so every builder that changes one builds it again.
     claims: Option<ClaimBatcher<E>>,
+    purge_cursors: Arc<PurgeCursors>,
 }
 
 /// What a transaction found under a slot.
@@ -121,6 +168,7 @@ impl<E: Engine> FdbStore<E> {
             run_options: RunOptions::default(),
             clock: SystemClock::shared(),
             claims: None,
+            purge_cursors: Arc::new(PurgeCursors::new()),
         }
         .with_claim_batcher()
     }
@@ -160,6 +208,7 @@ impl<E: Engine> FdbStore<E> {
             run_options: self.run_options,
             clock: self.clock.clone(),
             claims: None,
+            purge_cursors: self.purge_cursors.clone(),
         }
     }
 
@@ -304,15 +353,26 @@ impl<E: Engine> FdbStore<E> {
     }
 
     async fn delete_record(&self, tx: &E::Tx, slot: &Slot, existing: &Existing) -> Result<(), TxError> {
-        if existing.record_chunks == 1 {
-            // A point clear: the embedded engine clears a range by reading it.
+        self.clear_record_chunks(tx, slot, existing.record_chunks).await?;
+        if let Some(old) = &existing.record {
+            tx.clear(&self.layout.expiry_key(slot, old.expires_at_ms, KIND_RECORD))?;
+        }
+        Ok(())
+    }
+
+    /// Clears the `chunks` chunks a record is stored in. A record's chunks
+    /// are always `0..chunks` with nothing after them (`write_record` clears
+    /// the tail when a record shrinks), so a one-chunk record needs only a
+    /// point clear. That matters on the embedded engine, which clears a range
+    /// by reading it: a range read uses no bloom filter, so on a store of
+    /// millions of records it reads a block from every table of every level
+    /// (BENCHMARKS.md, "A day of keys").
+    async fn clear_record_chunks(&self, tx: &E::Tx, slot: &Slot, chunks: usize) -> Result<(), TxError> {
+        if chunks == 1 {
             tx.clear(&self.layout.record_chunk_key(slot, 0))?;
         } else {
             let (begin, end) = slot.record.range();
             tx.clear_range(&begin, &end).await?;
-        }
-        if let Some(old) = &existing.record {
-            tx.clear(&self.layout.expiry_key(slot, old.expires_at_ms, KIND_RECORD))?;
         }
         Ok(())
     }
@@ -326,10 +386,12 @@ impl<E: Engine> FdbStore<E> {
             .run(self.run_options, |tx, _maybe_committed: MaybeCommitted| async move {
                 let started_ms = self.clock.monotonic_ms();
                 let now = self.clock.now_ms();
-                let (begin, end) = self.layout.expiry_due_range(shard, now);
+                let from_ms = self.purge_cursors.scan_start_ms(shard);
+                let (begin, end) = self.layout.expiry_due_range(shard, from_ms, now);
                 let entries = tx.get_range(&begin, &end, limit).await?;
                 let mut batch = PurgeBatch {
                     drained: entries.len() < limit,
+                    now_ms: now,
                     ..PurgeBatch::default()
                 };
                 let mut bytes_read = 0;
@@ -389,8 +451,8 @@ impl<E: Engine> FdbStore<E> {
         expires_at_ms: u64,
         now: u64,
     ) -> Result<RecordPurge, TxError> {
-        let bytes = match read_record_bytes(tx, slot).await {
-            Ok(Some(stored)) => stored.bytes,
+        let StoredRecord { bytes, chunks } = match read_record_bytes(tx, slot).await {
+            Ok(Some(stored)) => stored,
             Ok(None) => return Ok(RecordPurge::Kept { bytes: 0 }),
             Err(TxError::Abort(StoreError::Corrupt(_))) => return Ok(RecordPurge::Unreadable { bytes: 0 }),
             Err(error) => return Err(error),
@@ -401,8 +463,7 @@ impl<E: Engine> FdbStore<E> {
         if record.expires_at_ms != expires_at_ms || !machine::is_purgeable(&record, now) {
             return Ok(RecordPurge::Kept { bytes: bytes.len() });
         }
-        let (begin, end) = slot.record.range();
-        tx.clear_range(&begin, &end).await?;
+        self.clear_record_chunks(tx, slot, chunks).await?;
         let tombstone_expires = record.expires_at_ms.saturating_add(self.policy.tombstone_ms());
         if tombstone_expires > now {
             tx.set(&slot.tombstone_key, &tombstone_expires.to_be_bytes())?;
@@ -576,7 +637,7 @@ impl<E: Engine> IdempotencyStore for FdbStore<E> {
         let limit = limit.min(PURGE_BATCH_MAX);
         let mut report = PurgeReport::default();
         let mut handled = 0;
-        for shard in 0..crate::keys::EXPIRY_SHARDS {
+        for shard in 0..EXPIRY_SHARDS {
             while handled < limit {
                 let batch = self
                     .purge_shard_batch(shard, PURGE_ENTRIES_PER_TRANSACTION.min(limit - handled))
@@ -600,6 +661,7 @@ impl<E: Engine> IdempotencyStore for FdbStore<E> {
                 handled += batch.entries;
                 debug_assert!(handled <= limit, "purged {handled} entries for a limit of {limit}");
                 if batch.drained {
+                    self.purge_cursors.drained(shard, batch.now_ms);
                     break;
                 }
             }

@@ -26,8 +26,8 @@ use crate::engine::{
     Engine, EngineError, KEY_BYTES_MAX, KeyValue, MaybeCommitted, RunOptions, TRANSACTION_BYTES_MAX,
     TRANSACTION_MS_MAX, Transaction, TxError, VALUE_BYTES_MAX,
 };
-use crate::keys::EXPIRY_SHARDS;
-use crate::store::{FdbStore, PURGE_TRANSACTION_MS_MAX};
+use crate::keys::{EXPIRY_SHARDS, KIND_RECORD};
+use crate::store::{FdbStore, PURGE_CURSOR_SKEW_MS_MAX, PURGE_TRANSACTION_MS_MAX};
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -35,8 +35,9 @@ use std::sync::{Arc, Mutex};
 use store_core::testkit::TestTime;
 use store_core::testkit::atomic::EffectHarness;
 use store_core::{
-    AtomicCompletion, CallerId, ClaimOutcome, ClaimRequest, Completion, Fingerprint, ForgetOutcome, IdempotencyKey,
-    IdempotencyStore, KeyDigest, ManualClock, Policy, RecordState, SavedResponse, StoreError, SystemClock,
+    AtomicCompletion, CallerId, ClaimOutcome, ClaimRequest, Clock, Completion, Fingerprint, ForgetOutcome,
+    IdempotencyKey, IdempotencyStore, KeyDigest, ManualClock, Policy, RecordState, SavedResponse, StoreError,
+    SystemClock,
 };
 
 /// Lease of the purge behaviours' policy.
@@ -441,6 +442,62 @@ pub async fn purge_works_in_bounded_batches_and_tombstones_expire_in_turn<E: Eng
     assert!(!acquire(&store, &again).await.late_key);
 }
 
+/// A purge that drained a shard lets the next one start that shard's scan
+/// a skew margin before the time it drained, not at the shard's first key:
+/// nothing due since is missed, an index entry planted far before the
+/// margin is not even read, and a restarted store (no cursor yet) finds it.
+pub async fn a_purge_resumes_each_shard_where_the_last_drained_scan_ended<E: Engine>(test: TestEngine<E>) {
+    let time = test.time();
+    let (engine, prefix, clock) = (test.engine.clone(), test.prefix.clone(), test.clock.clone());
+    let store = test.store(purge_policy_lasting_tombstones());
+    let caller = caller("resume");
+    let first: Vec<IdempotencyKey> = keys_in_one_shard(&store, &caller, "first", 3);
+    for key in &first {
+        completed(&store, &caller, key, done()).await;
+    }
+    time.pass(PURGE_RETENTION_MS + 50).await;
+    assert_eq!(store.purge_expired(100).await.unwrap().records_purged, 3);
+
+    // An entry due long before the drained scan, written behind the
+    // store's back: the cursor is past it.
+    time.pass(PURGE_CURSOR_SKEW_MS_MAX * 2).await;
+    let planted_slot = store.layout().slot(&caller, key("planted").digest());
+    let planted = store.layout().expiry_key(
+        &planted_slot,
+        clock.now_ms() - PURGE_CURSOR_SKEW_MS_MAX * 4,
+        KIND_RECORD,
+    );
+    let planted = &planted;
+    let planted_end = [planted.as_slice(), &[0]].concat();
+    store
+        .engine()
+        .run(RunOptions::default(), |tx, _| async move { Ok(tx.set(planted, &[])?) })
+        .await
+        .unwrap();
+    let second: Vec<IdempotencyKey> = keys_in_one_shard(&store, &caller, "second", 3);
+    for key in &second {
+        completed(&store, &caller, key, done()).await;
+    }
+    time.pass(PURGE_RETENTION_MS + 50).await;
+    assert_eq!(store.purge_expired(100).await.unwrap().records_purged, 3);
+    for key in first.iter().chain(&second) {
+        assert_eq!(store.inspect(&caller, key).await.unwrap(), None);
+    }
+    assert_eq!(
+        keys_in_range(&store, planted, &planted_end).await,
+        1,
+        "the scan started after the planted entry"
+    );
+
+    let restarted = FdbStore::new(engine, &prefix, purge_policy_lasting_tombstones()).with_clock(clock);
+    restarted.purge_expired(100).await.unwrap();
+    assert_eq!(
+        keys_in_range(&restarted, planted, &planted_end).await,
+        0,
+        "a new store scans from the shard's start"
+    );
+}
+
 pub async fn a_record_whose_retention_was_extended_is_not_purged_by_its_old_index_entry<E: Engine>(
     test: TestEngine<E>,
 ) {
@@ -532,16 +589,11 @@ pub async fn forget_deletes_a_quarantined_record_and_only_an_unreadable_one<E: E
         .await
         .expect("write too many chunks");
     store_core::testkit::forget_deletes_an_unreadable_record_and_frees_its_key(&store, &caller, "chunky", "a").await;
-    let (begin, end) = slot.record.range();
-    let (begin, end) = (&begin, &end);
-    let chunks_left = store
-        .engine()
-        .run(RunOptions::default(), |tx, _| async move {
-            Ok(tx.get_range(begin, end, 100).await?.len())
-        })
-        .await
-        .unwrap();
-    assert_eq!(chunks_left, 1, "only the new record's one chunk is left");
+    assert_eq!(
+        stored_chunks(&store, &caller, key("chunky").digest()).await,
+        1,
+        "only the new record's one chunk is left"
+    );
 
     // The new records of both keys expire and are purged; the old index
     // entry of "chunky" finds a record with another expiry and is dropped.
@@ -622,7 +674,26 @@ pub async fn large_records_are_purged_across_several_byte_bounded_transactions<E
     );
     for key in &keys {
         assert_eq!(store.inspect(&caller, key).await.unwrap(), None);
+        // Every chunk, not only the first that says whether a record exists.
+        assert_eq!(stored_chunks(&store, &caller, key.digest()).await, 0);
     }
+}
+
+/// How many chunks are stored under the record of (`caller`, `digest`).
+async fn stored_chunks<E: Engine>(store: &FdbStore<E>, caller: &CallerId, digest: KeyDigest) -> usize {
+    let (begin, end) = store.layout().slot(caller, digest).record.range();
+    keys_in_range(store, &begin, &end).await
+}
+
+/// How many keys `[begin, end)` holds (at most 100).
+async fn keys_in_range<E: Engine>(store: &FdbStore<E>, begin: &[u8], end: &[u8]) -> usize {
+    store
+        .engine()
+        .run(RunOptions::default(), |tx, _| async move {
+            Ok(tx.get_range(begin, end, 100).await?.len())
+        })
+        .await
+        .unwrap()
 }
 
 /// Reads slowed down so that one transaction over all the shard's records
@@ -1037,6 +1108,7 @@ macro_rules! store_tests {
         $crate::store_tests!(@each $open;
             purge_works_in_bounded_batches_and_tombstones_expire_in_turn,
             a_record_whose_retention_was_extended_is_not_purged_by_its_old_index_entry,
+            a_purge_resumes_each_shard_where_the_last_drained_scan_ended,
             large_records_are_purged_across_several_byte_bounded_transactions,
             an_unreadable_record_is_quarantined_and_the_purge_goes_on,
             forget_deletes_a_quarantined_record_and_only_an_unreadable_one,

@@ -41,6 +41,10 @@ impl std::fmt::Debug for WorkerMessage {
 
 type WorkerHandle = JoinHandle<Result<(), crate::Error>>;
 
+/// How long the flush-first worker waits after forwarding a compaction
+/// request before it receives again (idem's patch, vendor/README.md).
+const COMPACT_FORWARD_PAUSE: std::time::Duration = std::time::Duration::from_millis(5);
+
 pub struct WorkerPool {
     thread_handles: Mutex<Vec<WorkerHandle>>,
     pub(crate) rx: flume::Receiver<WorkerMessage>,
@@ -251,6 +255,14 @@ fn worker_tick(ctx: &WorkerState) -> crate::Result<bool> {
             // NOTE: Let one worker prioritize flushing if there are pending flushes
             if ctx.pool_size > 1 && ctx.worker_id == 0 {
                 ctx.sender.try_send(WorkerMessage::Compact(keyspace)).ok();
+                // idem's patch (vendor/README.md): while every other worker
+                // is busy compacting, this worker is the only one receiving,
+                // so it gets back the message it has just forwarded, at once,
+                // for as long as that compaction runs: a busy loop taking a
+                // whole core. A short pause before the next receive bounds
+                // it to a few hundred wake-ups a second and delays a flush
+                // by at most that pause.
+                std::thread::sleep(COMPACT_FORWARD_PAUSE);
                 return Ok(false);
             }
 
