@@ -78,7 +78,9 @@ impl Default for EmbeddedConfig {
 
 /// fjall's block cache: read blocks of flushed tables. Records live a day
 /// and most reads are of keys written seconds ago (still in the memtable),
-/// so a small cache serves them; fjall's own default is 32 MiB.
+/// so a small cache serves them; fjall's own default is 32 MiB. A store
+/// holding a day of keys wants more: the sweeper reads day-old records and
+/// claims read the filters of every table (BENCHMARKS.md, "A day of keys").
 pub const CACHE_BYTES_DEFAULT: u64 = 16 * 1024 * 1024;
 
 /// The memtable a keyspace fills before it is sealed and flushed. Up to two
