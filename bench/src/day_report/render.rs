@@ -173,32 +173,53 @@ pub fn day_notes(summaries: &[DaySummary]) -> String {
 /// One figure of a growth row, for the fit: (records, value).
 type Figure = fn(&DaySummary) -> Option<f64>;
 
-const GROWTH_FIGURES: [(&str, Figure); 6] = [
-    ("store size, MiB", |summary| {
-        summary.store_bytes_steady_end.map(|bytes| bytes as f64 / 1_048_576.0)
-    }),
-    ("bytes/record", |summary| {
-        summary.inputs.preload.and_then(|preload| preload.bytes_per_record)
-    }),
-    ("p99 at the steady rate, ms", |summary| {
-        summary.inputs.steady.map(|figures| figures.p99_ms)
-    }),
-    ("service RSS, MiB", |summary| {
-        summary.rss_kib_steady_end.map(|kib| kib as f64 / 1_024.0)
-    }),
-    ("ready after SIGTERM, s", |summary| {
-        summary.restart("SIGTERM").map(|restart| restart.ready_s)
-    }),
-    ("ready after SIGKILL, s", |summary| {
-        summary.restart("SIGKILL").map(|restart| restart.ready_s)
-    }),
+/// How a figure is carried to the worst case: along its own line, or, for a
+/// figure per record, as its total's line divided by the records (a ratio
+/// that falls as a fixed cost spreads would cross zero along its own line).
+#[derive(Debug, Clone, Copy)]
+enum Fit {
+    Line,
+    PerRecord,
+}
+
+const GROWTH_FIGURES: [(&str, Figure, Fit); 6] = [
+    (
+        "store size, MiB",
+        |summary| summary.store_bytes_steady_end.map(|bytes| bytes as f64 / 1_048_576.0),
+        Fit::Line,
+    ),
+    (
+        "bytes/record",
+        |summary| summary.inputs.preload.and_then(|preload| preload.bytes_per_record),
+        Fit::PerRecord,
+    ),
+    (
+        "p99 at the steady rate, ms",
+        |summary| summary.inputs.steady.map(|figures| figures.p99_ms),
+        Fit::Line,
+    ),
+    (
+        "service RSS, MiB",
+        |summary| summary.rss_kib_steady_end.map(|kib| kib as f64 / 1_024.0),
+        Fit::Line,
+    ),
+    (
+        "ready after SIGTERM, s",
+        |summary| summary.restart("SIGTERM").map(|restart| restart.ready_s),
+        Fit::Line,
+    ),
+    (
+        "ready after SIGKILL, s",
+        |summary| summary.restart("SIGKILL").map(|restart| restart.ready_s),
+        Fit::Line,
+    ),
 ];
 
 /// One row per size, then each figure extrapolated along a straight line to
 /// the design's worst case.
 pub fn growth_table(summaries: &[DaySummary]) -> String {
     let mut headers = vec!["records"];
-    headers.extend(GROWTH_FIGURES.iter().map(|(name, _)| *name));
+    headers.extend(GROWTH_FIGURES.iter().map(|(name, _, _)| *name));
     headers.push("purges/s / inserts/s");
     let mut table = Markdown::new(&headers);
     for summary in summaries {
@@ -206,24 +227,41 @@ pub fn growth_table(summaries: &[DaySummary]) -> String {
         cells.extend(
             GROWTH_FIGURES
                 .iter()
-                .map(|(_, figure)| or_absent(figure(summary), |value| format!("{value:.1}"))),
+                .map(|(_, figure, _)| or_absent(figure(summary), |value| format!("{value:.1}"))),
         );
         cells.push(pace_cell(summary));
         table.row(&cells);
     }
     let mut cells = vec![format!("{} (linear fit)", thousands(WORST_CASE_RECORDS))];
-    cells.extend(GROWTH_FIGURES.iter().map(|(_, figure)| {
-        let points: Vec<(f64, f64)> = summaries
+    cells.extend(
+        GROWTH_FIGURES
             .iter()
-            .filter_map(|summary| Some((summary.inputs.scenario.records as f64, figure(summary)?)))
-            .collect();
-        or_absent(extrapolate(&points, WORST_CASE_RECORDS as f64), |value| {
-            format!("{value:.1}")
-        })
-    }));
+            .map(|(_, figure, fit)| or_absent(worst_case(summaries, *figure, *fit), |value| format!("{value:.1}"))),
+    );
     cells.push(ABSENT.to_owned());
     table.row(&cells);
     table.text
+}
+
+/// One figure at the design's worst case, from the sizes measured.
+fn worst_case(summaries: &[DaySummary], figure: Figure, fit: Fit) -> Option<f64> {
+    let worst = WORST_CASE_RECORDS as f64;
+    let points: Vec<(f64, f64)> = summaries
+        .iter()
+        .filter_map(|summary| {
+            let records = summary.inputs.scenario.records as f64;
+            let value = figure(summary)?;
+            Some(match fit {
+                Fit::Line => (records, value),
+                Fit::PerRecord => (records, value * records),
+            })
+        })
+        .collect();
+    let at_worst = extrapolate(&points, worst)?;
+    Some(match fit {
+        Fit::Line => at_worst,
+        Fit::PerRecord => at_worst / worst,
+    })
 }
 
 /// The chart of one run: the store's size, the service's memory, the

@@ -50,6 +50,12 @@ pub struct AnswerCounts {
     /// Requests whose client hung up before the answer (the server counts
     /// them as 499); the client saw each as a timeout.
     pub cancelled_499: u64,
+    /// Of `unavailable_503`, those answered `request_timeout`: the
+    /// request's time ran out while its work went on in the task the
+    /// idempotency layer gives it, which may have finished it (a retry is
+    /// then answered from the key). Not a category of its own in `total`.
+    #[serde(default)]
+    pub request_timeouts_503: u64,
     pub other: u64,
 }
 
@@ -279,17 +285,20 @@ fn check_counts(report: &mut AuditReport, server: &AnswerCounts, intents: &[Inte
     // Every labelled intent had a first run, and no intent had two: one key
     // runs once. More first runs than intents means work ran twice for some
     // parcel (a new key per attempt does exactly that). The server counts a
-    // first run whose client hung up as cancelled (499), though the work
-    // finished and a retry was answered from the key, so those may make up
-    // the difference on the low side. A first run whose reply never reached
-    // the client leaves its intent unlabelled, which the label check reports.
+    // first run whose client hung up as cancelled (499), and one whose
+    // request timed out first as a 503 `request_timeout`, though in both the
+    // work went on, finished, and a retry was answered from the key; those
+    // may make up the difference on the low side. A first run whose reply
+    // never reached the client leaves its intent unlabelled, which the label
+    // check reports.
     let labelled = intents.iter().filter(|entry| !entry.labels.is_empty()).count() as u64;
     let intents_count = intents.len() as u64;
+    let first_runs_unseen = server.cancelled_499 + server.request_timeouts_503;
     checks.push(CountCheck {
-        category: "labelled intents <= first runs (+ 499s), first runs <= intents".into(),
+        category: "labelled intents <= first runs (+ 499s and 503 request timeouts), first runs <= intents".into(),
         client: labelled,
         server: server.first_runs,
-        agrees: labelled <= server.first_runs + server.cancelled_499 && server.first_runs <= intents_count,
+        agrees: labelled <= server.first_runs + first_runs_unseen && server.first_runs <= intents_count,
     });
     for check in checks.iter().filter(|check| !check.agrees) {
         report.problems.push(format!(
@@ -512,6 +521,51 @@ mod tests {
         // Without the 499, a labelled intent had no first run at all.
         server.cancelled_499 = 0;
         server.other = 1;
+        let report = input(&server);
+        assert!(
+            report
+                .problems
+                .iter()
+                .any(|p| p.contains("labelled intents <= first runs")),
+            "{:?}",
+            report.problems
+        );
+    }
+
+    #[test]
+    fn a_first_run_whose_request_timed_out_counts_as_a_503_request_timeout() {
+        let (intents, _, _) = clean_run();
+        let carrier = carrier_for(&intents, &[]);
+        // Intent 3's first attempt ran out of time at the server, which
+        // answered 503 while the work went on and finished; the retry was a
+        // replay.
+        let client = kinds(&[
+            ("201_created", 3),
+            ("201_replayed", 2),
+            ("409_request_in_progress", 2),
+            ("503_request_timeout", 1),
+        ]);
+        let mut server = AnswerCounts {
+            first_runs: 3,
+            replays: 2,
+            in_progress_409: 2,
+            unavailable_503: 1,
+            request_timeouts_503: 1,
+            ..AnswerCounts::default()
+        };
+        let input = |server: &AnswerCounts| {
+            audit(&AuditInput {
+                intents: &intents,
+                client_kinds: &client,
+                carrier: Some(&carrier),
+                server: Some(server),
+            })
+        };
+        let report = input(&server);
+        assert!(report.passed, "{:?}", report.problems);
+        // A 503 for any other reason was answered before the work started:
+        // a labelled intent then had no first run at all.
+        server.request_timeouts_503 = 0;
         let report = input(&server);
         assert!(
             report

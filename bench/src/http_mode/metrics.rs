@@ -8,6 +8,9 @@ use std::collections::BTreeMap;
 pub const HTTP_REQUESTS_TOTAL: &str = "idem_http_requests_total";
 /// The matched route of CreateLabel, as the server labels it.
 pub const LABELS_ROUTE: &str = "/v1/labels";
+/// The `outcome` of a 503 the server sent because the request's time ran out
+/// (its error code, `server::error::ApiError::RequestTimeout`).
+pub const REQUEST_TIMEOUT_OUTCOME: &str = "request_timeout";
 
 /// One sample: its labels and value.
 #[derive(Debug, Clone, PartialEq)]
@@ -82,7 +85,12 @@ pub fn label_answers(text: &str) -> AnswerCounts {
             ("201", _) => counts.first_runs += count,
             ("409", _) => counts.in_progress_409 += count,
             ("422", _) => counts.mismatch_422 += count,
-            ("503", _) => counts.unavailable_503 += count,
+            ("503", outcome) => {
+                counts.unavailable_503 += count;
+                if outcome == REQUEST_TIMEOUT_OUTCOME {
+                    counts.request_timeouts_503 += count;
+                }
+            }
             ("499", _) => counts.cancelled_499 += count,
             _ => counts.other += count,
         }
@@ -101,6 +109,7 @@ pub fn sum(one: &AnswerCounts, other: &AnswerCounts) -> AnswerCounts {
         mismatch_422: one.mismatch_422 + other.mismatch_422,
         unavailable_503: one.unavailable_503 + other.unavailable_503,
         cancelled_499: one.cancelled_499 + other.cancelled_499,
+        request_timeouts_503: one.request_timeouts_503 + other.request_timeouts_503,
         other: one.other + other.other,
     }
 }
@@ -113,6 +122,7 @@ pub fn difference(after: &AnswerCounts, before: &AnswerCounts) -> AnswerCounts {
         mismatch_422: after.mismatch_422.saturating_sub(before.mismatch_422),
         unavailable_503: after.unavailable_503.saturating_sub(before.unavailable_503),
         cancelled_499: after.cancelled_499.saturating_sub(before.cancelled_499),
+        request_timeouts_503: after.request_timeouts_503.saturating_sub(before.request_timeouts_503),
         other: after.other.saturating_sub(before.other),
     }
 }
@@ -140,6 +150,7 @@ idem_http_requests_total{method="POST",outcome="created",route="/v1/labels",stat
 idem_http_requests_total{method="POST",outcome="replayed",route="/v1/labels",status="201"} 7
 idem_http_requests_total{method="POST",outcome="in_progress",route="/v1/labels",status="409"} 3
 idem_http_requests_total{method="POST",outcome="downstream_unavailable",route="/v1/labels",status="503"} 2
+idem_http_requests_total{method="POST",outcome="request_timeout",route="/v1/labels",status="503"} 5
 idem_http_requests_total{method="POST",outcome="mismatch",route="/v1/labels",status="422"} 1
 idem_http_requests_total{method="POST",outcome="invalid_request",route="/v1/labels",status="400"} 4
 idem_http_requests_total{method="POST",outcome="cancelled",route="/v1/labels",status="499"} 6
@@ -158,8 +169,9 @@ idem_http_requests_in_flight 0
                 replays: 7,
                 in_progress_409: 3,
                 mismatch_422: 1,
-                unavailable_503: 2,
+                unavailable_503: 7,
                 cancelled_499: 6,
+                request_timeouts_503: 5,
                 other: 4,
             }
         );
