@@ -489,25 +489,19 @@ mod tests {
         );
     }
 
-    #[test]
-    fn a_first_run_the_client_hung_up_on_counts_as_a_499() {
+    /// Intent 3's first attempt was answered `first_answer` at the client
+    /// while the server finished its work, and its retry was a replay: the
+    /// run passes with the server's counts `with`, and with `without` a
+    /// labelled intent had no first run at all.
+    fn a_first_run_the_client_did_not_see(first_answer: &str, with: AnswerCounts, without: AnswerCounts) {
         let (intents, _, _) = clean_run();
         let carrier = carrier_for(&intents, &[]);
-        // Intent 3's first attempt timed out at the client; the server
-        // finished it (counted 499) and the retry was a replay.
         let client = kinds(&[
             ("201_created", 3),
             ("201_replayed", 2),
             ("409_request_in_progress", 2),
-            ("timeout", 1),
+            (first_answer, 1),
         ]);
-        let mut server = AnswerCounts {
-            first_runs: 3,
-            replays: 2,
-            in_progress_409: 2,
-            cancelled_499: 1,
-            ..AnswerCounts::default()
-        };
         let input = |server: &AnswerCounts| {
             audit(&AuditInput {
                 intents: &intents,
@@ -516,12 +510,9 @@ mod tests {
                 server: Some(server),
             })
         };
-        let report = input(&server);
+        let report = input(&with);
         assert!(report.passed, "{:?}", report.problems);
-        // Without the 499, a labelled intent had no first run at all.
-        server.cancelled_499 = 0;
-        server.other = 1;
-        let report = input(&server);
+        let report = input(&without);
         assert!(
             report
                 .problems
@@ -532,49 +523,44 @@ mod tests {
         );
     }
 
-    #[test]
-    fn a_first_run_whose_request_timed_out_counts_as_a_503_request_timeout() {
-        let (intents, _, _) = clean_run();
-        let carrier = carrier_for(&intents, &[]);
-        // Intent 3's first attempt ran out of time at the server, which
-        // answered 503 while the work went on and finished; the retry was a
-        // replay.
-        let client = kinds(&[
-            ("201_created", 3),
-            ("201_replayed", 2),
-            ("409_request_in_progress", 2),
-            ("503_request_timeout", 1),
-        ]);
-        let mut server = AnswerCounts {
+    /// The server's counts of the run above, besides intent 3's first run.
+    fn seen_answers() -> AnswerCounts {
+        AnswerCounts {
             first_runs: 3,
             replays: 2,
             in_progress_409: 2,
+            ..AnswerCounts::default()
+        }
+    }
+
+    #[test]
+    fn a_first_run_the_client_hung_up_on_counts_as_a_499() {
+        // The client timed out; the server counted the hang-up as a 499.
+        let with = AnswerCounts {
+            cancelled_499: 1,
+            ..seen_answers()
+        };
+        let without = AnswerCounts {
+            other: 1,
+            ..seen_answers()
+        };
+        a_first_run_the_client_did_not_see("timeout", with, without);
+    }
+
+    #[test]
+    fn a_first_run_whose_request_timed_out_counts_as_a_503_request_timeout() {
+        // The server ran out of time and answered 503 while the work went
+        // on. A 503 for any other reason is answered before the work starts.
+        let with = AnswerCounts {
             unavailable_503: 1,
             request_timeouts_503: 1,
-            ..AnswerCounts::default()
+            ..seen_answers()
         };
-        let input = |server: &AnswerCounts| {
-            audit(&AuditInput {
-                intents: &intents,
-                client_kinds: &client,
-                carrier: Some(&carrier),
-                server: Some(server),
-            })
+        let without = AnswerCounts {
+            unavailable_503: 1,
+            ..seen_answers()
         };
-        let report = input(&server);
-        assert!(report.passed, "{:?}", report.problems);
-        // A 503 for any other reason was answered before the work started:
-        // a labelled intent then had no first run at all.
-        server.request_timeouts_503 = 0;
-        let report = input(&server);
-        assert!(
-            report
-                .problems
-                .iter()
-                .any(|p| p.contains("labelled intents <= first runs")),
-            "{:?}",
-            report.problems
-        );
+        a_first_run_the_client_did_not_see("503_request_timeout", with, without);
     }
 
     #[test]
