@@ -344,4 +344,18 @@ mod tests {
         let error = load_figures("steady.json", &serde_json::json!({"http": []})).unwrap_err();
         assert!(error.to_string().starts_with("steady.json"), "{error}");
     }
+
+    /// A figure read by its place equals the one the bench's own types read:
+    /// with `arbitrary_precision` a Value keeps the digits and `as_f64` parses
+    /// them exactly, so the typed path must parse exactly too (serde_json's
+    /// `float_roundtrip`). This number, from a real report, came back one
+    /// unit in the last place lower without it.
+    #[test]
+    fn a_figure_reads_back_as_the_same_double_by_place_and_by_type() {
+        let written = "97.21570795001425";
+        let by_place = serde_json::from_str::<Value>(written).unwrap().as_f64().unwrap();
+        let by_type: f64 = serde_json::from_str(written).unwrap();
+        assert_eq!(by_place, written.parse::<f64>().unwrap());
+        assert_eq!(by_type, by_place);
+    }
 }
