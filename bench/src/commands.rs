@@ -62,10 +62,27 @@ pub async fn run(cli: Cli) -> ExitCode {
         (Ok(_), Some(interruption)) => ExitCode::from(interruption.signal.exit_code()),
         (Ok(code), None) => code,
         (Err(error), _) => {
-            eprintln!("idem-bench: {error}");
+            eprintln!("idem-bench: {}", with_causes(&error));
             ExitCode::from(EXIT_ERROR)
         }
     }
+}
+
+/// An error's message and every cause it does not show already: a store
+/// error's own message is short ("transaction failed"), and what failed
+/// (FoundationDB's error name and code) is in its source.
+fn with_causes(error: &dyn std::error::Error) -> String {
+    let mut line = error.to_string();
+    let mut cause = error.source();
+    while let Some(next) = cause {
+        let text = next.to_string();
+        if !line.contains(&text) {
+            line.push_str(": ");
+            line.push_str(&text);
+        }
+        cause = next.source();
+    }
+    line
 }
 
 /// Services an earlier run spawned and left running share this machine's
@@ -270,4 +287,29 @@ fn finish(report: &mut Report, output: &OutputArgs) -> Result<(), BenchError> {
         eprintln!("chart written to {}", path.display());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("fdb 1031: transaction timed out")]
+    struct Engine;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("store unavailable: transaction failed")]
+    struct Store(#[source] Engine);
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("writing a batch failed: {0}")]
+    struct Batch(#[source] Store);
+
+    #[test]
+    fn an_error_shows_the_causes_its_message_leaves_out_once() {
+        assert_eq!(
+            with_causes(&Batch(Store(Engine))),
+            "writing a batch failed: store unavailable: transaction failed: fdb 1031: transaction timed out"
+        );
+    }
 }

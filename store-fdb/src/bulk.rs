@@ -9,7 +9,7 @@
 //! writing the same bytes again after an unknown commit result changes
 //! nothing, so the retry loop may run them again.
 
-use crate::engine::{Engine, MaybeCommitted, TRANSACTION_BYTES_MAX, Transaction, TxError};
+use crate::engine::{Engine, MaybeCommitted, RunOptions, TRANSACTION_BYTES_MAX, Transaction, TxError};
 use crate::keys::KIND_RECORD;
 use crate::store::{FdbStore, record_chunks};
 use async_trait::async_trait;
@@ -22,6 +22,15 @@ use store_core::{BulkLoad, CompletedRecord, StoreError, check_bulk_batch, encode
 /// records too large for it is refused whole, as `TooLarge`). On the
 /// embedded engine it is one fdatasync per 10,000 records.
 pub const BULK_LOAD_RECORDS_PER_TRANSACTION_MAX: usize = 10_000;
+
+/// The time budget of one bulk-load batch, all attempts included. The
+/// store's own budget (`RunOptions::timeout_ms`, 10 s) is for a request's
+/// small transactions; a batch is 5 MB, and once a single FoundationDB
+/// storage process falls behind a load of millions of records, its
+/// ratekeeper throttles commits for longer than that (a preload of 10M
+/// records failed at 4.71M with the 10 s budget, BENCHMARKS.md "A day of
+/// keys"). A batch is a blind, repeatable write, so waiting longer is safe.
+pub const BULK_LOAD_RUN_TIMEOUT_MS: u64 = 120_000;
 
 #[async_trait]
 impl<E: Engine> BulkLoad for FdbStore<E> {
@@ -36,8 +45,12 @@ impl<E: Engine> BulkLoad for FdbStore<E> {
         }
         let encoded = encode_batch(self, batch)?;
         let encoded = &encoded;
+        let options = RunOptions {
+            timeout_ms: self.run_options().timeout_ms.max(BULK_LOAD_RUN_TIMEOUT_MS),
+            ..self.run_options()
+        };
         self.engine()
-            .run(self.run_options(), |tx, _maybe_committed: MaybeCommitted| async move {
+            .run(options, |tx, _maybe_committed: MaybeCommitted| async move {
                 for (chunks, expiry_key) in encoded {
                     for (chunk_key, chunk) in chunks {
                         tx.set(chunk_key, chunk)?;

@@ -56,6 +56,12 @@ pub const STORE_MIGRATIONS: &[Migration] = &[
         name: "notify_only_waited_records",
         sql: include_str!("../migrations/0003_notify_only_waited_records.sql"),
     },
+    Migration {
+        namespace: STORE_MIGRATION_NAMESPACE,
+        version: 4,
+        name: "autovacuum_for_a_day_of_keys",
+        sql: include_str!("../migrations/0004_autovacuum_for_a_day_of_keys.sql"),
+    },
 ];
 
 const CREATE_LEDGER: &str = "CREATE TABLE IF NOT EXISTS schema_migrations (

@@ -40,6 +40,33 @@ async fn migrations_apply_once_and_a_second_run_applies_nothing() {
     }
 }
 
+/// The record tables are vacuumed once a hundredth of their rows are dead,
+/// not PostgreSQL's fifth: they turn over every day (migration 0004).
+#[tokio::test]
+async fn the_record_tables_are_vacuumed_after_a_hundredth_of_their_rows_die() {
+    let database = fresh_database().await;
+    store_on(&database).migrate(&[]).await.expect("migrate");
+    let client = raw_client(&database.url).await;
+    for table in ["idempotency_keys", "idempotency_tombstones"] {
+        let options: Vec<String> = client
+            .query_one(
+                "SELECT coalesce(reloptions, '{}') FROM pg_class WHERE relname = $1",
+                &[&table],
+            )
+            .await
+            .expect("pg_class")
+            .get(0);
+        assert!(
+            options.contains(&"autovacuum_vacuum_scale_factor=0.01".to_owned()),
+            "{table}: {options:?}"
+        );
+        assert!(
+            options.contains(&"autovacuum_vacuum_threshold=10000".to_owned()),
+            "{table}: {options:?}"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_runners_apply_each_migration_exactly_once() {
     let database = fresh_database().await;

@@ -52,7 +52,8 @@ pub(crate) enum BatchedScript {
 }
 
 impl BatchedScript {
-    /// A short name for the outcome, for logs and assertions.
+    /// A short name for the outcome, for the tests' assertions.
+    #[cfg(feature = "testkit")]
     pub(crate) fn kind(&self) -> &'static str {
         match self {
             BatchedScript::Reply(_) => "reply",
