@@ -77,9 +77,10 @@ pub struct SweepReport {
 /// One run: batches of at most `batch_max` until nothing more is due,
 /// `batches_per_run_max` batches ran, or `stop` is cancelled. The stop is
 /// read before every batch, not only between runs: with a backlog a run
-/// lasts up to `batches_per_run_max` batches (a minute on a store loaded
-/// with a day of keys, BENCHMARKS.md "A day of keys"), and a shutdown that
-/// waited for the whole run would outlast its grace period.
+/// lasts up to `batches_per_run_max` batches (about two minutes on a
+/// FoundationDB store loaded with millions of records, BENCHMARKS.md "A day
+/// of keys"), and a shutdown that waited for the whole run would outlast
+/// its grace period.
 pub async fn sweep_once(
     store: &dyn IdempotencyStore,
     config: &SweeperConfig,
