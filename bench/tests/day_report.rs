@@ -47,6 +47,7 @@ fn preload_report(records: u64, bytes_per_record: f64) -> String {
     serde_json::json!({"preload": {
         "records_written": records,
         "records_per_s": 50_000.0,
+        "settle": {"waited_s": 42.0, "at_rest": true, "backlog": null},
         "size": {"bytes_per_record": bytes_per_record}
     }})
     .to_string()
@@ -171,6 +172,11 @@ fn the_days_table_has_each_backends_figures_and_the_targets_they_miss() {
     assert!(!row[11].contains("bytes/record"), "{}", row[11]);
     assert!(!row[11].contains("SIGKILL"), "{}", row[11]);
 
+    assert!(
+        table.contains("loaded at 50000 records/s, at rest 42 s later"),
+        "the preload's wait for rest is in the notes:\n{table}"
+    );
+
     let chart = std::fs::read_to_string(embedded.join("day-of-keys.svg")).unwrap();
     assert!(chart.contains("store size (MiB)"), "no store size panel");
     assert!(chart.contains("service resident memory (MiB)"));
@@ -275,5 +281,11 @@ async fn the_figures_are_read_from_the_reports_the_bench_really_writes() {
     assert!(
         figures.bytes_per_record.is_some(),
         "the embedded store's size is measured"
+    );
+    assert_eq!(figures.settle, Some((typed.settle.waited_s, typed.settle.at_rest)));
+    assert_eq!(
+        figures.settle.map(|(_, at_rest)| at_rest),
+        Some(true),
+        "500 records leave no backlog"
     );
 }

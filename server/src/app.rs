@@ -320,7 +320,8 @@ impl App {
     /// and keeps serving for `server.shutdown_readiness_delay_ms` (so a load
     /// balancer stops sending before connections are refused), closes the
     /// listener, lets requests in flight and their idempotent work finish,
-    /// then stops the sweeper and the carrier simulator, and flushes the store.
+    /// then stops the carrier simulator and flushes the store. The sweeper
+    /// starts no purge batch after the signal.
     pub async fn serve(
         self,
         listener: TcpListener,
@@ -328,7 +329,10 @@ impl App {
     ) -> Result<(), StartupError> {
         self.config.check_listener_address(listener.local_addr()?)?;
         let stop = CancellationToken::new();
-        let sweeper = sweeper::spawn(self.backends.records.clone(), self.config.sweeper, stop.child_token());
+        // The sweeper stops at the signal, not after the drain: a purge
+        // batch started then would compete with the requests draining.
+        let sweeper_stop = stop.child_token();
+        let sweeper = sweeper::spawn(self.backends.records.clone(), self.config.sweeper, sweeper_stop.clone());
         let readiness = probes::spawn_refresh(
             self.state.clone(),
             self.config.server.readiness_refresh(),
@@ -356,6 +360,7 @@ impl App {
         };
         let deadline = signalled_at.unwrap_or_else(tokio::time::Instant::now) + grace;
         self.state.shutting_down.cancel();
+        sweeper_stop.cancel();
         if signalled_at.is_some() {
             tracing::info!(
                 ?readiness_delay,

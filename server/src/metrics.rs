@@ -67,6 +67,14 @@ pub const LABELS_EXISTING_TOTAL: &str = "idem_labels_existing_total";
 pub const RECORDS_QUARANTINED_TOTAL: &str = "idem_records_quarantined_total";
 /// Bytes the embedded store takes on disk (embedded stores only; read at scrape).
 pub const EMBEDDED_DISK_BYTES: &str = "idem_embedded_disk_bytes";
+/// Tables in the embedded store's level 0 (read at scrape): fjall slows
+/// writes from 20 and halts them at 30, until compaction catches up.
+pub const EMBEDDED_LEVEL_ZERO_TABLES: &str = "idem_embedded_level_zero_tables";
+/// The embedded store's sealed memtables waiting for a flush (read at
+/// scrape): fjall halts writes while 4 wait.
+pub const EMBEDDED_SEALED_MEMTABLES: &str = "idem_embedded_sealed_memtables";
+/// The embedded store's compactions running (read at scrape).
+pub const EMBEDDED_COMPACTIONS_RUNNING: &str = "idem_embedded_compactions_running";
 /// Times the embedded store was reopened after a failed write (read at scrape).
 pub const EMBEDDED_REOPENS_TOTAL: &str = "idem_embedded_reopens_total";
 
@@ -173,6 +181,18 @@ fn describe() {
         EMBEDDED_DISK_BYTES,
         Unit::Bytes,
         "Bytes the embedded store takes on disk."
+    );
+    describe_gauge!(
+        EMBEDDED_LEVEL_ZERO_TABLES,
+        "Tables in the embedded store's level 0; fjall slows writes from 20 and halts them at 30."
+    );
+    describe_gauge!(
+        EMBEDDED_SEALED_MEMTABLES,
+        "The embedded store's memtables waiting for a flush; fjall halts writes while 4 wait."
+    );
+    describe_gauge!(
+        EMBEDDED_COMPACTIONS_RUNNING,
+        "The embedded store's compactions running."
     );
     describe_counter!(
         EMBEDDED_REOPENS_TOTAL,
@@ -292,5 +312,9 @@ fn register_requests_at_zero(labels: &LabelSets) {
 /// Sets the embedded store's gauges from the engine, at each scrape.
 pub fn observe_embedded(engine: &store_fdb::EmbeddedEngine) {
     metrics::gauge!(EMBEDDED_DISK_BYTES).set(engine.disk_space_bytes() as f64);
+    let backlog = engine.write_backlog();
+    metrics::gauge!(EMBEDDED_LEVEL_ZERO_TABLES).set(backlog.level_zero_tables as f64);
+    metrics::gauge!(EMBEDDED_SEALED_MEMTABLES).set(backlog.sealed_memtables as f64);
+    metrics::gauge!(EMBEDDED_COMPACTIONS_RUNNING).set(backlog.compactions_running as f64);
     metrics::counter!(EMBEDDED_REOPENS_TOTAL).absolute(engine.reopens());
 }

@@ -41,7 +41,7 @@ pub use claim_batch::{
 pub use embedded::{
     CACHE_BYTES_DEFAULT, CACHE_BYTES_MIN, DATA_DIR_DEFAULT, Durability, EMBEDDED_SIZE_BYTES_LIMIT, EmbeddedConfig,
     EmbeddedEngine, EmbeddedSizes, FaultPlan, JOURNAL_BYTES_MAX_DEFAULT, JOURNAL_BYTES_MAX_MIN, MEMTABLE_BYTES_DEFAULT,
-    MEMTABLE_BYTES_MIN,
+    MEMTABLE_BYTES_MIN, WriteBacklog,
 };
 pub use engine::{Engine, EngineError, EngineErrorKind, MaybeCommitted, RunOptions, Transaction, TxError};
 pub use keys::KeyLayout;

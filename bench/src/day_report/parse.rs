@@ -268,6 +268,9 @@ pub struct PreloadFigures {
     pub records_written: u64,
     pub records_per_s: f64,
     pub bytes_per_record: Option<f64>,
+    /// The wait for the store to come to rest after the load, and whether
+    /// it did; absent from reports written before the preload waited.
+    pub settle: Option<(f64, bool)>,
 }
 
 pub fn preload_figures(file: &str, report: &Value) -> Result<PreloadFigures, ParseError> {
@@ -282,6 +285,10 @@ pub fn preload_figures(file: &str, report: &Value) -> Result<PreloadFigures, Par
             .ok_or_else(|| file_error(file, "no records_written"))?,
         records_per_s: preload.get("records_per_s").and_then(Value::as_f64).unwrap_or(0.0),
         bytes_per_record: preload.pointer("/size/bytes_per_record").and_then(Value::as_f64),
+        settle: preload
+            .pointer("/settle/waited_s")
+            .and_then(Value::as_f64)
+            .zip(preload.pointer("/settle/at_rest").and_then(Value::as_bool)),
     })
 }
 

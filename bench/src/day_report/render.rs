@@ -154,7 +154,12 @@ pub fn day_notes(summaries: &[DaySummary]) -> String {
         .map(|summary| {
             let scenario = &summary.inputs.scenario;
             let preload = or_absent(summary.inputs.preload, |preload| {
-                format!("loaded at {:.0} records/s", preload.records_per_s)
+                let rest = match preload.settle {
+                    Some((waited_s, true)) => format!(", at rest {waited_s:.0} s later"),
+                    Some((waited_s, false)) => format!(", not at rest {waited_s:.0} s later"),
+                    None => String::new(),
+                };
+                format!("loaded at {:.0} records/s{rest}", preload.records_per_s)
             });
             format!(
                 "- {}: {} s at {:.0}/s then {} s at {:.0}/s, retention {} s, {preload}, {} samples\n",

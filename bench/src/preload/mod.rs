@@ -14,9 +14,12 @@
 //! backs it.
 //!
 //! Batches go to the store two at a time ([`BATCHES_IN_FLIGHT`]), so the
-//! next batch is made while one is written. A line of progress every
+//! next batch is made while one is written. After the last batch the
+//! preload waits, at most [`SETTLE_S_MAX`], until the store has absorbed
+//! the load ([`target::RestProbe`]: on the embedded store, fjall's
+//! compaction of it). A line of progress every
 //! second (unless `--quiet`), then a summary: records written, elapsed
-//! time, rate, and the store's size (the disk space of the embedded directory's files,
+//! time, rate, the wait for rest, and the store's size (the disk space of the embedded directory's files,
 //! PostgreSQL's table with its indexes, Redis's `used_memory` growth;
 //! FoundationDB is not measured) and bytes per record.
 
@@ -51,6 +54,9 @@ pub const CALLER_DEFAULT: &str = "demo";
 pub const BATCHES_IN_FLIGHT: usize = 2;
 /// How often a progress line is printed.
 const PROGRESS_INTERVAL_MS: u64 = 1_000;
+/// How long a preload waits at most, after its last batch, for the store
+/// to come to rest ([`target::RestProbe`]).
+pub const SETTLE_S_MAX: u64 = 3_600;
 
 /// `idem-bench preload`.
 #[derive(Debug, Clone, Args)]
@@ -189,7 +195,21 @@ pub struct PreloadReport {
     pub reference_ms: u64,
     pub elapsed_s: f64,
     pub records_per_s: f64,
+    /// The wait after the last batch until the store was at rest (absent
+    /// from reports written before the preload waited).
+    #[serde(default)]
+    pub settle: Settle,
     pub size: StoreSize,
+}
+
+/// How long the store took to come to rest after the load.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Settle {
+    pub waited_s: f64,
+    /// False when [`SETTLE_S_MAX`] passed (or an interruption came) first.
+    pub at_rest: bool,
+    /// What the store still owed when the wait ended without rest.
+    pub backlog: Option<String>,
 }
 
 /// Fills the store `args` names and reports what it wrote.
@@ -217,6 +237,7 @@ pub async fn run(args: &PreloadArgs, seed: u64) -> Result<PreloadReport, Preload
     let started = Instant::now();
     let written = load(&target, &records, batch, !args.quiet).await?;
     let elapsed = started.elapsed();
+    let settle = settle(&target, !args.quiet).await;
     let bytes_after = target.size.bytes().await;
     Ok(PreloadReport {
         backend: target.backend.to_owned(),
@@ -229,9 +250,56 @@ pub async fn run(args: &PreloadArgs, seed: u64) -> Result<PreloadReport, Preload
         reference_ms,
         elapsed_s: elapsed.as_secs_f64(),
         records_per_s: per_second(written, elapsed),
+        settle,
         size: store_size(&target, bytes_before, bytes_after, written),
     })
 }
+
+/// Waits, after the last batch, until the store is at rest, at most
+/// [`SETTLE_S_MAX`]: a day of keys arrives over a day, so the store a
+/// preload hands over should owe nothing for the speed it was filled at.
+async fn settle(target: &PreloadTarget, show_progress: bool) -> Settle {
+    let started = Instant::now();
+    let mut last_line = started;
+    let mut at_rest_since = None;
+    loop {
+        let Some(backlog) = target.rest.backlog() else {
+            let since = *at_rest_since.get_or_insert_with(Instant::now);
+            if since.elapsed() >= Duration::from_millis(SETTLE_HELD_MS) {
+                return Settle {
+                    waited_s: started.elapsed().as_secs_f64(),
+                    at_rest: true,
+                    backlog: None,
+                };
+            }
+            tokio::time::sleep(Duration::from_millis(SETTLE_POLL_MS)).await;
+            continue;
+        };
+        at_rest_since = None;
+        if started.elapsed() >= Duration::from_secs(SETTLE_S_MAX) || interrupt::requested() {
+            return Settle {
+                waited_s: started.elapsed().as_secs_f64(),
+                at_rest: false,
+                backlog: Some(backlog),
+            };
+        }
+        if show_progress && last_line.elapsed() >= Duration::from_millis(PROGRESS_INTERVAL_MS) {
+            eprintln!(
+                "preload {}: waiting for the store to come to rest ({:.0} s): {backlog}",
+                target.backend,
+                started.elapsed().as_secs_f64()
+            );
+            last_line = Instant::now();
+        }
+        tokio::time::sleep(Duration::from_millis(SETTLE_POLL_MS)).await;
+    }
+}
+
+/// How often [`settle`] looks at the store.
+const SETTLE_POLL_MS: u64 = 100;
+/// How long the store must stay at rest before the wait ends: fjall's
+/// compaction worker may pause between two compactions of one backlog.
+const SETTLE_HELD_MS: u64 = 2_000;
 
 /// Writes every batch, [`BATCHES_IN_FLIGHT`] at a time, until all are
 /// written or an interruption asks to stop (the batches in flight are
@@ -374,15 +442,23 @@ pub fn render(report: &PreloadReport) -> String {
         ),
     };
     format!(
-        "preload {}: {} of {} records written in {:.2} s, {:.0} records/s ({} per batch, expiry spread over {} s)\n  {bytes}",
+        "preload {}: {} of {} records written in {:.2} s, {:.0} records/s ({} per batch, expiry spread over {} s)\n  {}\n  {bytes}",
         report.backend,
         report.records_written,
         report.records,
         report.elapsed_s,
         report.records_per_s,
         report.batch_records,
-        report.retention_s
+        report.retention_s,
+        settle_line(&report.settle)
     )
+}
+
+fn settle_line(settle: &Settle) -> String {
+    match (&settle.backlog, settle.at_rest) {
+        (Some(backlog), false) => format!("not at rest {:.1} s after the last batch: {backlog}", settle.waited_s),
+        _ => format!("at rest {:.1} s after the last batch", settle.waited_s),
+    }
 }
 
 #[cfg(test)]
@@ -464,10 +540,29 @@ mod tests {
             reference_ms: 0,
             elapsed_s: 0.5,
             records_per_s: 400.0,
+            settle: Settle {
+                waited_s: 12.25,
+                at_rest: true,
+                backlog: None,
+            },
             size,
         };
         let text = render(&report);
         assert!(text.contains("200 of 200 records"), "{text}");
         assert!(text.contains("500 bytes per record"), "{text}");
+        assert!(text.contains("at rest 12.2 s after the last batch"), "{text}");
+    }
+
+    #[test]
+    fn a_store_not_at_rest_says_what_it_still_owes() {
+        let settle = Settle {
+            waited_s: 3_600.0,
+            at_rest: false,
+            backlog: Some("31 tables in level 0, 0 memtables waiting for a flush, 1 compactions running".into()),
+        };
+        assert_eq!(
+            settle_line(&settle),
+            "not at rest 3600.0 s after the last batch: 31 tables in level 0, 0 memtables waiting for a flush, 1 compactions running"
+        );
     }
 }

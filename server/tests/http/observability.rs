@@ -46,6 +46,9 @@ async fn the_exposition_passes_promtool_check_metrics() {
         "idem_store_operation_duration_seconds_bucket",
         "idem_carrier_calls_total",
         "idem_embedded_disk_bytes",
+        "idem_embedded_level_zero_tables",
+        "idem_embedded_sealed_memtables",
+        "idem_embedded_compactions_running",
         "idem_embedded_reopens_total",
     ] {
         assert!(text.contains(name), "{name} missing from:\n{text}");
@@ -158,6 +161,8 @@ fn the_dashboard_is_json_with_panels_on_our_metrics() {
         "idem_ready",
         "idem_readiness_checks_total",
         "idem_waiters",
+        "idem_embedded_level_zero_tables",
+        "idem_embedded_sealed_memtables",
         "body_timeout",
         "parcel_in_progress",
     ] {

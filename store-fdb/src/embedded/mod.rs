@@ -55,6 +55,18 @@ pub struct EmbeddedEngine {
     changes: store_core::ChangeHub,
 }
 
+/// fjall's write backlog at one moment ([`EmbeddedEngine::write_backlog`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WriteBacklog {
+    /// Tables in level 0, not yet compacted into the levels below.
+    pub level_zero_tables: usize,
+    /// Memtables sealed and waiting for their flush to a table.
+    pub sealed_memtables: usize,
+    /// Compactions running now: merging level 0 into level 1, or a level
+    /// into the next one, which keeps level 0 from being merged meanwhile.
+    pub compactions_running: usize,
+}
+
 struct Shared {
     config: EmbeddedConfig,
     /// The config's claim batching, checked when the engine opened.
@@ -142,6 +154,28 @@ impl EmbeddedEngine {
         match self.shared.healthy() {
             Ok(database) => database.database.disk_space().unwrap_or(0),
             Err(_) => 0,
+        }
+    }
+
+    /// fjall's write backlog, for metrics: tables in level 0, sealed
+    /// memtables waiting for their flush, compactions running. fjall slows
+    /// every write when level 0 holds 20 runs and halts writes at 30, and
+    /// halts them while 4 memtables wait for a flush
+    /// (`vendor/fjall/src/keyspace/mod.rs`, `local_backpressure`): the
+    /// gauges show an operator a stall coming. Zero when the store is not
+    /// open. (fjall marks these counts experimental, `doc(hidden)`: read
+    /// here only, so a change of fjall's is mended in one place.)
+    pub fn write_backlog(&self) -> WriteBacklog {
+        match self.shared.healthy() {
+            Ok(database) => {
+                let keyspace = database.keyspace.inner();
+                WriteBacklog {
+                    level_zero_tables: keyspace.l0_table_count(),
+                    sealed_memtables: keyspace.sealed_memtable_count(),
+                    compactions_running: database.database.inner().active_compactions(),
+                }
+            }
+            Err(_) => WriteBacklog::default(),
         }
     }
 
