@@ -263,33 +263,35 @@ async fn settle(target: &PreloadTarget, show_progress: bool) -> Settle {
     let mut last_line = started;
     let mut at_rest_since = None;
     loop {
-        let Some(backlog) = target.rest.backlog() else {
-            let since = *at_rest_since.get_or_insert_with(Instant::now);
-            if since.elapsed() >= Duration::from_millis(SETTLE_HELD_MS) {
-                return Settle {
-                    waited_s: started.elapsed().as_secs_f64(),
-                    at_rest: true,
-                    backlog: None,
-                };
+        match target.rest.backlog() {
+            None => {
+                let since = *at_rest_since.get_or_insert_with(Instant::now);
+                if since.elapsed() >= Duration::from_millis(SETTLE_HELD_MS) {
+                    return Settle {
+                        waited_s: started.elapsed().as_secs_f64(),
+                        at_rest: true,
+                        backlog: None,
+                    };
+                }
             }
-            tokio::time::sleep(Duration::from_millis(SETTLE_POLL_MS)).await;
-            continue;
-        };
-        at_rest_since = None;
-        if started.elapsed() >= Duration::from_secs(SETTLE_S_MAX) || interrupt::requested() {
-            return Settle {
-                waited_s: started.elapsed().as_secs_f64(),
-                at_rest: false,
-                backlog: Some(backlog),
-            };
-        }
-        if show_progress && last_line.elapsed() >= Duration::from_millis(PROGRESS_INTERVAL_MS) {
-            eprintln!(
-                "preload {}: waiting for the store to come to rest ({:.0} s): {backlog}",
-                target.backend,
-                started.elapsed().as_secs_f64()
-            );
-            last_line = Instant::now();
+            Some(backlog) => {
+                at_rest_since = None;
+                if started.elapsed() >= Duration::from_secs(SETTLE_S_MAX) || interrupt::requested() {
+                    return Settle {
+                        waited_s: started.elapsed().as_secs_f64(),
+                        at_rest: false,
+                        backlog: Some(backlog),
+                    };
+                }
+                if show_progress && last_line.elapsed() >= Duration::from_millis(PROGRESS_INTERVAL_MS) {
+                    eprintln!(
+                        "preload {}: waiting for the store to come to rest ({:.0} s): {backlog}",
+                        target.backend,
+                        started.elapsed().as_secs_f64()
+                    );
+                    last_line = Instant::now();
+                }
+            }
         }
         tokio::time::sleep(Duration::from_millis(SETTLE_POLL_MS)).await;
     }
