@@ -426,6 +426,9 @@ fn set_transaction_options(trx: &RetryableTransaction, options: RunOptions) -> R
 
 // ---- The engine ------------------------------------------------------------------
 
+/// FoundationDB's status document, in the special key space.
+const STATUS_JSON_KEY: &[u8] = b"\xff\xff/status/json";
+
 /// The FoundationDB engine: one `Database` handle, shared by clones.
 #[derive(Clone)]
 pub struct FoundationDbEngine {
@@ -600,6 +603,23 @@ impl FoundationDbEngine {
             database: Arc::new(database),
             changes: store_core::ChangeHub::new(),
             claim_batch_limits,
+        })
+    }
+
+    /// The cluster's status document: FoundationDB's machine-readable
+    /// status (what `fdbcli`'s `status json` prints), read from the special
+    /// key `\xff\xff/status/json` in a transaction of its own. The bytes are
+    /// JSON; interpreting them is the caller's business (the bench's
+    /// preload reads the storage servers' queues from it).
+    pub async fn status_json(&self) -> Result<Vec<u8>, StoreError> {
+        let status = self
+            .run(RunOptions::default(), |tx, _maybe_committed: MaybeCommitted| async move {
+                tx.get(STATUS_JSON_KEY).await.map_err(TxError::from)
+            })
+            .await?;
+        status.ok_or_else(|| StoreError::Unavailable {
+            detail: "the cluster has no status document".into(),
+            source: None,
         })
     }
 

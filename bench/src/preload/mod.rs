@@ -17,7 +17,8 @@
 //! next batch is made while one is written. After the last batch the
 //! preload waits, at most [`SETTLE_S_MAX`], until the store has absorbed
 //! the load ([`target::RestProbe`]: on the embedded store, fjall's
-//! compaction of it). A line of progress every
+//! compaction of it; on FoundationDB, the storage servers' and logs'
+//! queues). A line of progress every
 //! second (unless `--quiet`), then a summary: records written, elapsed
 //! time, rate, the wait for rest, and the store's size (the disk space of the embedded directory's files,
 //! PostgreSQL's table with its indexes, Redis's `used_memory` growth;
@@ -263,7 +264,7 @@ async fn settle(target: &PreloadTarget, show_progress: bool) -> Settle {
     let mut last_line = started;
     let mut at_rest_since = None;
     loop {
-        match target.rest.backlog() {
+        match target.rest.backlog().await {
             None => {
                 let since = *at_rest_since.get_or_insert_with(Instant::now);
                 if since.elapsed() >= Duration::from_millis(SETTLE_HELD_MS) {

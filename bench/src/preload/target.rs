@@ -37,9 +37,64 @@ pub enum RestProbe {
     /// compaction trigger ([`EMBEDDED_LEVEL_ZERO_TABLES_AT_REST`]), no
     /// memtable waits and no compaction runs.
     EmbeddedBacklog(store_fdb::EmbeddedEngine),
-    /// At rest when the writes return (PostgreSQL, Redis), or not
-    /// measured (FoundationDB).
+    /// FoundationDB's queues, from the cluster's status document: a
+    /// storage server acknowledges nothing itself, so a load leaves the
+    /// mutations it has not yet made durable in its queue (and in the logs'
+    /// until it has), and ratekeeper slows every transaction as that queue
+    /// nears its target (`TARGET_BYTES_PER_STORAGE_SERVER`, 1,000e6, less
+    /// `SPRING_BYTES_STORAGE_SERVER`, 100e6, in FoundationDB's server
+    /// knobs). At rest when the worst storage and log queues are below
+    /// [`FOUNDATIONDB_QUEUE_BYTES_AT_REST`] and no data is moving between
+    /// servers.
+    #[cfg(feature = "foundationdb")]
+    FoundationDbQueues(store_fdb::FoundationDbEngine),
+    /// At rest when the writes return (PostgreSQL, Redis).
     WhenWritten,
+}
+
+/// A FoundationDB queue below this is at rest: an idle one-process cluster's
+/// worst storage queue held 19,518 bytes and its log queue 10,086 (read
+/// with `status json` on 7.3.79), and a queue of this size is drained in a
+/// second.
+pub const FOUNDATIONDB_QUEUE_BYTES_AT_REST: u64 = 16 * 1024 * 1024;
+
+/// What a FoundationDB cluster still owes for the writes it acknowledged,
+/// read from its status document.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FoundationDbBacklog {
+    pub worst_storage_queue_bytes: u64,
+    pub worst_log_queue_bytes: u64,
+    /// Data distribution's bytes in flight and queued between servers
+    /// (0 when the status document has no `moving_data` yet).
+    pub moving_bytes: u64,
+}
+
+impl FoundationDbBacklog {
+    /// From the status document (`cluster.qos`, `cluster.data.moving_data`);
+    /// `None` when it has no queue figures (a cluster still recovering).
+    pub fn from_status(status: &serde_json::Value) -> Option<Self> {
+        let qos = &status["cluster"]["qos"];
+        let moving = &status["cluster"]["data"]["moving_data"];
+        let moving_part = |name: &str| moving[name].as_u64().unwrap_or(0);
+        Some(Self {
+            worst_storage_queue_bytes: qos["worst_queue_bytes_storage_server"].as_u64()?,
+            worst_log_queue_bytes: qos["worst_queue_bytes_log_server"].as_u64()?,
+            moving_bytes: moving_part("in_flight_bytes") + moving_part("in_queue_bytes"),
+        })
+    }
+
+    pub fn at_rest(&self) -> bool {
+        self.worst_storage_queue_bytes < FOUNDATIONDB_QUEUE_BYTES_AT_REST
+            && self.worst_log_queue_bytes < FOUNDATIONDB_QUEUE_BYTES_AT_REST
+            && self.moving_bytes == 0
+    }
+
+    pub fn describe(&self) -> String {
+        format!(
+            "worst storage queue {} bytes, worst log queue {} bytes, {} bytes moving between servers",
+            self.worst_storage_queue_bytes, self.worst_log_queue_bytes, self.moving_bytes
+        )
+    }
 }
 
 /// fjall's leveled compaction merges level 0 into level 1 from 4 tables on
@@ -50,7 +105,7 @@ pub const EMBEDDED_LEVEL_ZERO_TABLES_AT_REST: usize = 4;
 impl RestProbe {
     /// `None` when the store is at rest; otherwise what it still owes, for
     /// the progress line.
-    pub fn backlog(&self) -> Option<String> {
+    pub async fn backlog(&self) -> Option<String> {
         match self {
             RestProbe::EmbeddedBacklog(engine) => {
                 let backlog = engine.write_backlog();
@@ -63,6 +118,18 @@ impl RestProbe {
                         backlog.level_zero_tables, backlog.sealed_memtables, backlog.compactions_running
                     )
                 })
+            }
+            #[cfg(feature = "foundationdb")]
+            RestProbe::FoundationDbQueues(engine) => {
+                let status = match engine.status_json().await {
+                    Ok(status) => status,
+                    Err(error) => return Some(format!("status unreadable: {error}")),
+                };
+                match serde_json::from_slice(&status).map(|status| FoundationDbBacklog::from_status(&status)) {
+                    Ok(Some(backlog)) => (!backlog.at_rest()).then(|| backlog.describe()),
+                    Ok(None) => Some("no queue figures in the cluster's status yet".into()),
+                    Err(error) => Some(format!("status is not JSON: {error}")),
+                }
             }
             RestProbe::WhenWritten => None,
         }
@@ -299,7 +366,7 @@ async fn open_foundationdb(args: &BackendArgs, policy: Policy) -> Result<Preload
         ],
         store: store.clone(),
         size: SizeProbe::Unmeasured("FoundationDB's size estimates lag behind writes and cover the whole cluster"),
-        rest: RestProbe::WhenWritten,
+        rest: RestProbe::FoundationDbQueues(store.engine().clone()),
         keep_alive: vec![Box::new(store)],
     })
 }
@@ -312,6 +379,42 @@ async fn open_foundationdb(_: &BackendArgs, _: Policy) -> Result<PreloadTarget, 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `cluster.qos` as `status json` prints it on an idle one-process
+    /// cluster (7.3.79), with the other fields left out.
+    fn status(storage_queue: u64, log_queue: u64, moving: Option<(u64, u64)>) -> serde_json::Value {
+        let mut status = serde_json::json!({"cluster": {"qos": {
+            "worst_queue_bytes_storage_server": storage_queue,
+            "worst_queue_bytes_log_server": log_queue,
+            "limiting_queue_bytes_storage_server": storage_queue,
+        }, "data": {}}});
+        if let Some((in_flight, in_queue)) = moving {
+            status["cluster"]["data"]["moving_data"] =
+                serde_json::json!({"in_flight_bytes": in_flight, "in_queue_bytes": in_queue, "highest_priority": 0});
+        }
+        status
+    }
+
+    #[test]
+    fn a_foundationdb_cluster_is_at_rest_with_short_queues_and_no_data_moving() {
+        let idle = FoundationDbBacklog::from_status(&status(19_518, 10_086, None)).expect("queue figures");
+        assert_eq!(idle.moving_bytes, 0);
+        assert!(idle.at_rest(), "{}", idle.describe());
+        let loaded = FoundationDbBacklog::from_status(&status(400_000_000, 10_086, Some((0, 0)))).unwrap();
+        assert!(!loaded.at_rest());
+        assert!(loaded.describe().contains("worst storage queue 400000000 bytes"));
+        let logs_behind = FoundationDbBacklog::from_status(&status(0, FOUNDATIONDB_QUEUE_BYTES_AT_REST, None)).unwrap();
+        assert!(!logs_behind.at_rest());
+        let moving = FoundationDbBacklog::from_status(&status(0, 0, Some((1, 2)))).unwrap();
+        assert_eq!(moving.moving_bytes, 3);
+        assert!(!moving.at_rest());
+    }
+
+    #[test]
+    fn a_status_without_queue_figures_is_no_backlog_reading() {
+        let recovering = serde_json::json!({"cluster": {"recovery_state": {"name": "reading_coordinated_state"}}});
+        assert_eq!(FoundationDbBacklog::from_status(&recovering), None);
+    }
 
     #[test]
     fn used_memory_is_read_from_info() {
