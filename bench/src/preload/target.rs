@@ -37,11 +37,12 @@ pub enum RestProbe {
     /// compaction trigger ([`EMBEDDED_LEVEL_ZERO_TABLES_AT_REST`]), no
     /// memtable waits and no compaction runs.
     EmbeddedBacklog(store_fdb::EmbeddedEngine),
-    /// FoundationDB's queues, from the cluster's status document: a
-    /// storage server acknowledges nothing itself, so a load leaves the
-    /// mutations it has not yet made durable in its queue (and in the logs'
-    /// until it has), and ratekeeper slows every transaction as that queue
-    /// nears its target (`TARGET_BYTES_PER_STORAGE_SERVER`, 1,000e6, less
+    /// FoundationDB's queues, from the cluster's status document: a commit
+    /// is acknowledged once the logs have it, and the storage servers apply
+    /// it and make it durable later, so a load leaves its last mutations
+    /// queued in the storage servers' memory (and kept by the logs until
+    /// then), and ratekeeper slows every transaction as that queue nears
+    /// its target (`TARGET_BYTES_PER_STORAGE_SERVER`, 1,000e6, less
     /// `SPRING_BYTES_STORAGE_SERVER`, 100e6, in FoundationDB's server
     /// knobs). At rest when the worst storage and log queues are below
     /// [`FOUNDATIONDB_QUEUE_BYTES_AT_REST`] and no data is moving between
@@ -54,8 +55,8 @@ pub enum RestProbe {
 
 /// A FoundationDB queue below this is at rest: an idle one-process cluster's
 /// worst storage queue held 19,518 bytes and its log queue 10,086 (read
-/// with `status json` on 7.3.79), and a queue of this size is drained in a
-/// second.
+/// with `status json` on 7.3.79); right after 300,000 records they held
+/// 369 MB and 91 MB (bench/results/2026-12-05/foundationdb-preload-rest).
 pub const FOUNDATIONDB_QUEUE_BYTES_AT_REST: u64 = 16 * 1024 * 1024;
 
 /// What a FoundationDB cluster still owes for the writes it acknowledged,
