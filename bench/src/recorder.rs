@@ -87,6 +87,9 @@ pub struct Recording {
     /// intended start: its own overhead, included in `latency`.
     pub start_lag: Histogram<u64>,
     pub outcomes: BTreeMap<&'static str, u64>,
+    /// Each outcome's latency on its own, so that a few slow outcomes (the
+    /// HTTP client's intents that met a shed) are seen apart from the rest.
+    pub latency_by_outcome: BTreeMap<&'static str, Histogram<u64>>,
     pub successes: u64,
     pub failures: u64,
     /// Latest completion of a measured operation, from `measured_start`.
@@ -102,6 +105,7 @@ impl Recording {
             latency: latency_histogram(HISTOGRAM_DIGITS),
             start_lag: latency_histogram(HISTOGRAM_DIGITS),
             outcomes: BTreeMap::new(),
+            latency_by_outcome: BTreeMap::new(),
             successes: 0,
             failures: 0,
             last_completion: Duration::ZERO,
@@ -120,6 +124,10 @@ impl Recording {
         let latency = micros(completed.saturating_duration_since(intended));
         self.latency.saturating_record(latency);
         *self.outcomes.entry(outcome.label).or_insert(0) += 1;
+        self.latency_by_outcome
+            .entry(outcome.label)
+            .or_insert_with(|| latency_histogram(HISTOGRAM_DIGITS))
+            .saturating_record(latency);
         if outcome.success {
             self.successes += 1;
         } else {
@@ -170,6 +178,13 @@ impl Recording {
         for (label, count) in &other.outcomes {
             *self.outcomes.entry(label).or_insert(0) += count;
         }
+        for (label, latency) in &other.latency_by_outcome {
+            let _ = self
+                .latency_by_outcome
+                .entry(label)
+                .or_insert_with(|| latency_histogram(HISTOGRAM_DIGITS))
+                .add(latency);
+        }
         self.successes += other.successes;
         self.failures += other.failures;
         self.warmup_completed += other.warmup_completed;
@@ -203,6 +218,11 @@ mod tests {
         assert_eq!((recording.successes, recording.failures), (1, 1));
         assert_eq!(recording.outcomes.get("first_run"), Some(&1));
         assert_eq!(recording.outcomes.get("gave_up"), Some(&1));
+        // Each outcome's latency apart: the slow success is not the failure.
+        let max_ms_of = |outcome: &str| recording.latency_by_outcome[outcome].max() as f64 / 1_000.0;
+        assert!((max_ms_of("first_run") - 40.0).abs() < 0.1);
+        assert!((max_ms_of("gave_up") - 2.0).abs() < 0.1);
+        assert_eq!(recording.latency_by_outcome["first_run"].len(), 1, "warm-up left out");
         let max_ms = recording.latency.max() as f64 / 1_000.0;
         assert!((max_ms - 40.0).abs() < 0.1, "{max_ms}");
         assert_eq!(recording.seconds.len(), 2);
@@ -221,6 +241,8 @@ mod tests {
         first.absorb(&second);
         assert_eq!((first.successes, first.failures, first.latency.len()), (1, 1, 2));
         assert_eq!(first.outcomes.get("bad"), Some(&1));
+        assert_eq!(first.latency_by_outcome["bad"].len(), 1);
+        assert_eq!(first.latency_by_outcome["ok"].len(), 1);
     }
 
     #[test]

@@ -82,6 +82,9 @@ pub struct RunSummary {
     pub successes: u64,
     pub failures: u64,
     pub outcomes: BTreeMap<String, u64>,
+    /// Each outcome's latency (absent from reports written before it).
+    #[serde(default)]
+    pub latency_by_outcome: BTreeMap<String, LatencySummary>,
     /// Operations that waited for a free in-flight slot.
     pub started_late: u64,
     pub not_sent: u64,
@@ -147,6 +150,11 @@ impl RunSummary {
             successes: recording.successes,
             failures: recording.failures,
             outcomes: recording.outcomes.iter().map(|(k, v)| ((*k).to_owned(), *v)).collect(),
+            latency_by_outcome: recording
+                .latency_by_outcome
+                .iter()
+                .map(|(outcome, latency)| ((*outcome).to_owned(), LatencySummary::of(latency)))
+                .collect(),
             started_late: 0,
             not_sent: 0,
             unfinished: 0,
@@ -173,11 +181,20 @@ impl RunSummary {
     }
 
     /// Outcome counts as `name=count` pairs.
+    /// Each outcome's count; with more than one outcome, each one's
+    /// latency too.
     pub fn outcomes_text(&self) -> String {
+        let several = self.outcomes.len() > 1;
         let parts: Vec<String> = self
             .outcomes
             .iter()
-            .map(|(name, count)| format!("{name}={count}"))
+            .map(|(name, count)| match self.latency_by_outcome.get(name) {
+                Some(latency) if several => format!(
+                    "{name}={count} (p50 {:.2} / p99 {:.2} / p99.9 {:.2} ms)",
+                    latency.p50_ms, latency.p99_ms, latency.p999_ms
+                ),
+                _ => format!("{name}={count}"),
+            })
             .collect();
         parts.join(" ")
     }
@@ -335,11 +352,21 @@ mod tests {
             assert!(json["latency"][field].is_number(), "missing latency.{field}");
         }
         assert_eq!(json["outcomes"]["first_run"], 1);
+        assert_eq!(json["latency_by_outcome"]["gave_up"]["count"], 1);
+        assert_eq!(
+            summary.outcomes_text(),
+            "first_run=1 (p50 3.00 / p99 3.00 / p99.9 3.00 ms) gave_up=1 (p50 7.00 / p99 7.00 / p99.9 7.00 ms)"
+        );
         assert_eq!(json["series"][0]["throughput_per_s"], 1);
         assert_eq!(json["series"][0]["failures"], 1);
         assert_eq!(json["achieved_rate_per_s"], 1.0);
-        let back: RunSummary = serde_json::from_value(json).unwrap();
+        let back: RunSummary = serde_json::from_value(json.clone()).unwrap();
         assert_eq!(back, summary);
+        // A report written before each outcome's latency was kept still reads.
+        let mut older = json;
+        older.as_object_mut().unwrap().remove("latency_by_outcome");
+        let back: RunSummary = serde_json::from_value(older).unwrap();
+        assert!(back.latency_by_outcome.is_empty());
     }
 
     #[test]

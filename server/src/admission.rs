@@ -183,18 +183,29 @@ impl Codel {
             .fetch_max(self.since_epoch_ms(now), Ordering::Relaxed);
     }
 
-    /// Whether the queue has stood (not been empty) for a whole interval
-    /// at `now`: the sign of overload, not of a burst.
-    pub fn is_standing(&self, now: Instant) -> bool {
+    /// How long the queue has not been empty at `now`.
+    fn standing_for(&self, now: Instant) -> Duration {
         let since_empty_ms = self
             .since_epoch_ms(now)
             .saturating_sub(self.last_empty_ms.load(Ordering::Relaxed));
-        Duration::from_millis(since_empty_ms) > self.interval
+        Duration::from_millis(since_empty_ms)
     }
 
-    /// The interval, in milliseconds.
-    pub fn interval_ms(&self) -> u64 {
-        u64::try_from(self.interval.as_millis()).unwrap_or(u64::MAX)
+    /// Whether the queue has stood (not been empty) for a whole interval
+    /// at `now`: the sign of overload, not of a burst.
+    pub fn is_standing(&self, now: Instant) -> bool {
+        self.standing_for(now) > self.interval
+    }
+
+    /// The wait to ask of a client refused at `now`: as long as the queue
+    /// has stood so far, at least one interval and at most `longest`. A
+    /// queue that still empties (a burst) is gone within the interval; a
+    /// stall of a few hundred milliseconds asks for about that much; only a
+    /// queue that has stood for `longest` (sustained overload) asks for
+    /// all of it. A shed's wait so fits the stall that caused it
+    /// (docs/design.md#admission-queue).
+    pub fn retry_after(&self, now: Instant, longest: Duration) -> Duration {
+        self.standing_for(now).clamp(self.interval, longest.max(self.interval))
     }
 
     /// The longest a request arriving at `now` may wait.
@@ -725,12 +736,9 @@ async fn admit_or_shed(seat: Arc<Seat>, retry_after_s: u64) -> Result<Worker, Ap
         if shed == Shed::Deadline {
             return ApiError::from(IdempotencyError::DeadlineExceeded { retry_after_s });
         }
-        let pool = &admission.pool;
-        let retry_after_ms = if pool.codel.is_standing(Instant::now()) {
-            retry_after_s.saturating_mul(1_000)
-        } else {
-            pool.codel.interval_ms()
-        };
+        let longest = Duration::from_secs(retry_after_s);
+        let retry_after = admission.pool.codel.retry_after(Instant::now(), longest);
+        let retry_after_ms = u64::try_from(retry_after.as_millis()).unwrap_or(u64::MAX);
         ApiError::Overloaded {
             retry_after_s,
             retry_after_ms: Some(retry_after_ms),
@@ -839,6 +847,30 @@ mod tests {
         codel.saw_empty(start + Duration::from_millis(150));
         assert_eq!(
             codel.wait_allowed(start + Duration::from_millis(200)),
+            Duration::from_millis(100)
+        );
+    }
+
+    #[test]
+    fn a_refused_client_is_asked_to_wait_as_long_as_the_queue_has_stood_within_bounds() {
+        let start = Instant::now();
+        let codel = codel_at(start);
+        codel.saw_empty(start);
+        let longest = Duration::from_secs(1);
+        let asked_at = |ms: u64| codel.retry_after(start + Duration::from_millis(ms), longest);
+        // A queue that still empties: one interval.
+        assert_eq!(asked_at(30), Duration::from_millis(100));
+        // A stall: about as long as it has lasted.
+        assert_eq!(asked_at(350), Duration::from_millis(350));
+        // Sustained: the whole longest wait, never more.
+        assert_eq!(asked_at(1_000), longest);
+        assert_eq!(asked_at(60_000), longest);
+        // It empties again: back to one interval.
+        codel.saw_empty(start + Duration::from_millis(60_000));
+        assert_eq!(asked_at(60_010), Duration::from_millis(100));
+        // A longest wait under the interval never asks for less than it.
+        assert_eq!(
+            codel.retry_after(start + Duration::from_millis(61_000), Duration::ZERO),
             Duration::from_millis(100)
         );
     }

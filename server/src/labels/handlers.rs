@@ -93,7 +93,7 @@ pub const PARCEL_IN_PROGRESS_POLL_MS: u64 = 200;
             body = Problem, content_type = "application/problem+json",
             headers(
                 ("Retry-After" = u64, description = "Seconds to wait before retrying."),
-                ("Retry-After-Ms" = Option<u64>, description = "On `overloaded` from admission control: the milliseconds to wait, finer than `Retry-After` (a short stall clears within CoDel's interval; a standing queue asks for the whole `Retry-After`).")
+                ("Retry-After-Ms" = Option<u64>, description = "On `overloaded` from admission control: the milliseconds to wait, finer than `Retry-After`: as long as the admission queue has stood so far, at least CoDel's interval (100 ms, a burst) and at most the whole `Retry-After` (sustained overload).")
             ))
     )
 )]
