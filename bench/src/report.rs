@@ -180,9 +180,8 @@ impl RunSummary {
             .map(|offered| self.achieved_rate_per_s / offered)
     }
 
-    /// Outcome counts as `name=count` pairs.
-    /// Each outcome's count; with more than one outcome, each one's
-    /// latency too.
+    /// Outcome counts as `name=count` pairs; with more than one outcome,
+    /// each one's latency too.
     pub fn outcomes_text(&self) -> String {
         let several = self.outcomes.len() > 1;
         let parts: Vec<String> = self
