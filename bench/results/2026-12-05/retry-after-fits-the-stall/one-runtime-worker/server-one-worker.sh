@@ -1,0 +1,2 @@
+#!/bin/sh
+TOKIO_WORKER_THREADS=1 exec /work/target-release/release/server "$@"
