@@ -2,7 +2,7 @@
 set -uo pipefail
 out=$1; shift
 mkdir -p $out
-rel=/work/target-release/release
+rel=${RELEASE_DIR:-target/release}
 while awk '{exit !($1 >= 1.0)}' /proc/loadavg; do sleep 5; done
 echo "$(date -u +%T) load $(cut -d' ' -f1-3 /proc/loadavg): idem-bench $*" > $out/command.txt
 $rel/idem-bench "$@" --server-bin $rel/server --json $out/run.json > $out/run.txt 2>&1 &
