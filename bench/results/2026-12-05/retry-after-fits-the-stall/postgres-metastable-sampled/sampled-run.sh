@@ -18,5 +18,5 @@ done
 config=$(tr '\0' '\n' <"/proc/$sp/cmdline" | grep -A1 -- '--config' | tail -1)
 address=$(grep -oE '^listen *= *"[^"]+"' "$config" | grep -oE '[0-9.]+:[0-9]+')
 for _ in $(seq 100); do curl -sf http://$address/healthz >/dev/null && break; sleep 0.2; done
-python3 ./sample.py $address ${address##*:} $out/samples.txt &
+python3 "$(dirname "$0")/sample.py" $address ${address##*:} $out/samples.txt &
 wait $bp
