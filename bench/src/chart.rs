@@ -526,6 +526,7 @@ mod tests {
                 admitted_p99_ms: if second == 4 { 0.0 } else { 20.0 },
                 shed: second,
                 wasted_work_share: (second != 0).then_some(0.1),
+                service_mean_ms: Some(2.0),
             })
             .collect();
         let report = OverloadReport {

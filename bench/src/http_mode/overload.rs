@@ -80,6 +80,14 @@ pub struct SecondReport {
     /// Of the service's requests whose work ended in this second, the share
     /// whose client had already given up (`None`: no sample).
     pub wasted_work_share: Option<f64>,
+    /// The service's own mean time for the `POST /v1/labels` requests it
+    /// answered in this second, from reading the request to answering,
+    /// sheds included. Beside the client's admitted p50 it tells the time
+    /// spent in the service from the time spent before and after it (the
+    /// client's connection pool, its runtime, the kernel). `None`: no
+    /// sample, or nothing answered.
+    #[serde(default)]
+    pub service_mean_ms: Option<f64>,
 }
 /// Operation numbers of phase `n` start at `n` times this, so intents of
 /// different phases never share a parcel.
@@ -130,9 +138,44 @@ pub struct OverloadReport {
     pub wasted_work_share: Option<f64>,
 }
 
-/// The server's work counts (`idem_work_done_total`, summed over the
-/// instances), sampled once a second: cumulative (waiting, gone).
-pub type WorkSamples = Vec<(u64, u64)>;
+/// The service's cumulative figures, summed over the instances, at one
+/// moment.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct ServiceSample {
+    /// `idem_work_done_total{client="waiting"}`.
+    pub work_for_waiting: u64,
+    /// `idem_work_done_total{client="gone"}`.
+    pub work_for_gone: u64,
+    /// `idem_http_request_duration_seconds` of `POST /v1/labels`: its sum
+    /// and count.
+    pub label_requests_seconds: f64,
+    pub label_requests: u64,
+}
+
+/// The service's figures, sampled once a second.
+pub type WorkSamples = Vec<ServiceSample>;
+
+impl ServiceSample {
+    /// The figures of one instance's `/metrics` text.
+    fn from_metrics(text: &str) -> Self {
+        use test_support::http::metric_value;
+        let work = |client: &str| metric_value(text, "idem_work_done_total", &[&format!("client=\"{client}\"")]) as u64;
+        let label_requests = [r#"route="/v1/labels""#, r#"method="POST""#];
+        Self {
+            work_for_waiting: work("waiting"),
+            work_for_gone: work("gone"),
+            label_requests_seconds: metric_value(text, "idem_http_request_duration_seconds_sum", &label_requests),
+            label_requests: metric_value(text, "idem_http_request_duration_seconds_count", &label_requests) as u64,
+        }
+    }
+
+    fn add(&mut self, other: &Self) {
+        self.work_for_waiting += other.work_for_waiting;
+        self.work_for_gone += other.work_for_gone;
+        self.label_requests_seconds += other.label_requests_seconds;
+        self.label_requests += other.label_requests;
+    }
+}
 
 /// Where a phase ran: its operation numbers and its seconds on the timeline.
 struct PhaseSpan {
@@ -244,17 +287,26 @@ fn second_reports(
                 admitted_p99_ms: figures.admitted.value_at_quantile(0.99) as f64 / 1_000.0,
                 shed: figures.shed,
                 wasted_work_share: wasted_share(samples.get(second), samples.get(second + 1)),
+                service_mean_ms: service_mean_ms(samples.get(second), samples.get(second + 1)),
             }
         })
         .collect()
 }
 
 /// The share of work done for clients already gone between two samples.
-fn wasted_share(before: Option<&(u64, u64)>, after: Option<&(u64, u64)>) -> Option<f64> {
-    let (&(waiting_before, gone_before), &(waiting_after, gone_after)) = (before?, after?);
-    let gone = gone_after.saturating_sub(gone_before);
-    let total = gone + waiting_after.saturating_sub(waiting_before);
+fn wasted_share(before: Option<&ServiceSample>, after: Option<&ServiceSample>) -> Option<f64> {
+    let (before, after) = (before?, after?);
+    let gone = after.work_for_gone.saturating_sub(before.work_for_gone);
+    let total = gone + after.work_for_waiting.saturating_sub(before.work_for_waiting);
     (total > 0).then(|| gone as f64 / total as f64)
+}
+
+/// The service's mean time per label request answered between two samples.
+fn service_mean_ms(before: Option<&ServiceSample>, after: Option<&ServiceSample>) -> Option<f64> {
+    let (before, after) = (before?, after?);
+    let requests = after.label_requests.saturating_sub(before.label_requests);
+    let seconds = (after.label_requests_seconds - before.label_requests_seconds).max(0.0);
+    (requests > 0).then(|| seconds * 1_000.0 / requests as f64)
 }
 
 /// Seconds after `trigger_end` (an index into `seconds`) until the run is
@@ -322,9 +374,9 @@ impl Drop for WorkSampler {
     }
 }
 
-/// (waiting, gone) summed over the instances, or `None` if one failed.
-async fn work_counts(admin: &reqwest::Client, base_urls: &[String]) -> Option<(u64, u64)> {
-    let mut total = (0, 0);
+/// The figures summed over the instances, or `None` if one failed.
+async fn work_counts(admin: &reqwest::Client, base_urls: &[String]) -> Option<ServiceSample> {
+    let mut total = ServiceSample::default();
     for base_url in base_urls {
         let text = admin
             .get(format!("{base_url}/metrics"))
@@ -334,11 +386,7 @@ async fn work_counts(admin: &reqwest::Client, base_urls: &[String]) -> Option<(u
             .text()
             .await
             .ok()?;
-        let count = |client: &str| {
-            test_support::http::metric_value(&text, "idem_work_done_total", &[&format!("client=\"{client}\"")]) as u64
-        };
-        total.0 += count("waiting");
-        total.1 += count("gone");
+        total.add(&ServiceSample::from_metrics(&text));
     }
     Some(total)
 }
@@ -444,6 +492,7 @@ impl OverloadReport {
             "admitted p99",
             "shed",
             "wasted work",
+            "service mean",
         ]);
         for second in &self.seconds {
             table.row(vec![
@@ -454,6 +503,7 @@ impl OverloadReport {
                 ms(second.admitted_p99_ms),
                 second.shed.to_string(),
                 share(second.wasted_work_share),
+                second.service_mean_ms.map_or_else(|| "-".to_owned(), ms),
             ]);
         }
         let recovered = match self.recovered_s {
@@ -487,6 +537,31 @@ mod tests {
             shed,
             labelled: 0,
         }
+    }
+
+    #[test]
+    fn the_service_figures_of_a_second_come_from_two_samples_of_its_metrics() {
+        let metrics = |waiting: u64, gone: u64, seconds: f64, requests: u64| {
+            format!(
+                "idem_work_done_total{{client=\"waiting\"}} {waiting}\n\
+                 idem_work_done_total{{client=\"gone\"}} {gone}\n\
+                 idem_http_request_duration_seconds_sum{{route=\"/v1/labels\",method=\"POST\"}} {seconds}\n\
+                 idem_http_request_duration_seconds_count{{route=\"/v1/labels\",method=\"POST\"}} {requests}\n\
+                 idem_http_request_duration_seconds_sum{{route=\"/metrics\",method=\"GET\"}} 99\n\
+                 idem_http_request_duration_seconds_count{{route=\"/metrics\",method=\"GET\"}} 1\n"
+            )
+        };
+        let before = ServiceSample::from_metrics(&metrics(100, 10, 2.0, 200));
+        let after = ServiceSample::from_metrics(&metrics(130, 20, 2.5, 220));
+        assert_eq!(wasted_share(Some(&before), Some(&after)), Some(0.25));
+        // 0.5 s over 20 label requests; the scrape's own request is not one.
+        let mean_ms = service_mean_ms(Some(&before), Some(&after)).expect("requests answered");
+        assert!((mean_ms - 25.0).abs() < 1e-9, "{mean_ms}");
+        assert_eq!(service_mean_ms(Some(&after), Some(&after)), None, "nothing answered");
+        assert_eq!(service_mean_ms(None, Some(&after)), None, "no sample");
+        let mut two_instances = before;
+        two_instances.add(&after);
+        assert_eq!(two_instances.label_requests, 420);
     }
 
     #[test]
