@@ -20,7 +20,7 @@ use audit::{AnswerCounts, AuditInput, AuditReport, audit};
 use cli::{FulfilmentArgs, HttpArgs, KeyMode, Profile};
 use client::{ClientError, ClientSettings, FulfilmentClient, PreferWaitReport, answered_409};
 use costs::{CostMeter, ProcessCpu};
-use overload::{OverloadReport, WorkSampler, run_overload};
+use overload::{OverloadReport, ServiceSampler, run_overload};
 use serde::{Deserialize, Serialize};
 use spawn::{SpawnError, SpawnSettings, SpawnedServer};
 use std::collections::BTreeMap;
@@ -366,7 +366,7 @@ pub async fn run(run: &HttpRun) -> Result<HttpReport, HttpError> {
     };
     match (&run.ramp, &run.phases) {
         (_, Some((phases, by_second))) => {
-            let sampler = by_second.then(|| WorkSampler::start(admin.clone(), server.base_urls.clone(), &client));
+            let sampler = by_second.then(|| ServiceSampler::start(admin.clone(), server.base_urls.clone(), &client));
             let overload = run_overload(&plan, phases, run.slo_p99_ms, client.clone(), sampler.as_ref()).await?;
             report.overload = Some(overload);
         }

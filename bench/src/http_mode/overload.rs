@@ -153,7 +153,7 @@ pub struct ServiceSample {
 }
 
 /// The service's figures, sampled once a second.
-pub type WorkSamples = Vec<ServiceSample>;
+pub type ServiceSamples = Vec<ServiceSample>;
 
 impl ServiceSample {
     /// The figures of one instance's `/metrics` text.
@@ -187,13 +187,13 @@ struct PhaseSpan {
 }
 
 /// Runs `phases` with `client` at multiples of `plan.rate_per_s`. With
-/// `work_samples` (the metastable profile), a second-by-second report too.
+/// `service_sampler` (the metastable profile), a second-by-second report too.
 pub async fn run_overload(
     plan: &LoadPlan,
     phases: &[Phase],
     slo_p99_ms: f64,
     client: Arc<FulfilmentClient>,
-    work_samples: Option<&WorkSampler>,
+    service_sampler: Option<&ServiceSampler>,
 ) -> Result<OverloadReport, PlanError> {
     let mut spans = Vec::new();
     for (
@@ -250,7 +250,7 @@ pub async fn run_overload(
         recovered_s: None,
         wasted_work_share: None,
     };
-    if let Some(sampler) = work_samples {
+    if let Some(sampler) = service_sampler {
         let samples = sampler.samples();
         report.seconds = second_reports(&spans, plan.rate_per_s, &timeline, &samples);
         let first = spans.first().map_or(0, |span| span.first_second);
@@ -272,7 +272,7 @@ fn second_reports(
     spans: &[PhaseSpan],
     capacity: f64,
     timeline: &[TimelineSecond],
-    samples: &WorkSamples,
+    samples: &ServiceSamples,
 ) -> Vec<SecondReport> {
     let first = spans.first().map_or(0, |span| span.first_second);
     let end = spans.last().map_or(0, |span| span.end_second).min(timeline.len());
@@ -325,34 +325,34 @@ fn recovered_seconds(seconds: &[SecondReport], trigger_end: usize) -> Option<u64
         .map(|offset| offset as u64)
 }
 
-/// Samples the service's work counts once a second while a run goes on.
-pub struct WorkSampler {
-    samples: Arc<std::sync::Mutex<WorkSamples>>,
+/// Samples the service's figures once a second while a run goes on.
+pub struct ServiceSampler {
+    samples: Arc<std::sync::Mutex<ServiceSamples>>,
     task: tokio::task::JoinHandle<()>,
 }
 
 /// Samples kept at most (a day of seconds).
-const WORK_SAMPLES_MAX: usize = 24 * 3600;
+const SERVICE_SAMPLES_MAX: usize = 24 * 3600;
 
-impl WorkSampler {
+impl ServiceSampler {
     /// Starts sampling `base_urls`' `/metrics` with `admin`, aligned with
     /// `client`'s timeline (sample N is taken at the start of second N).
     pub fn start(admin: reqwest::Client, base_urls: Vec<String>, client: &FulfilmentClient) -> Self {
-        let samples: Arc<std::sync::Mutex<WorkSamples>> = Arc::default();
+        let samples: Arc<std::sync::Mutex<ServiceSamples>> = Arc::default();
         let recorded = samples.clone();
         let start = client.timeline.start();
         let task = tokio::spawn(async move {
             let mut next = tokio::time::Instant::from_std(start);
             loop {
                 tokio::time::sleep_until(next).await;
-                let counts = work_counts(&admin, &base_urls).await;
+                let sample = service_sample(&admin, &base_urls).await;
                 let mut samples = recorded.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-                if samples.len() >= WORK_SAMPLES_MAX {
+                if samples.len() >= SERVICE_SAMPLES_MAX {
                     return;
                 }
-                // A failed scrape repeats the last sample: no work counted.
+                // A failed scrape repeats the last sample: nothing counted.
                 let last = samples.last().copied().unwrap_or_default();
-                samples.push(counts.unwrap_or(last));
+                samples.push(sample.unwrap_or(last));
                 drop(samples);
                 next += Duration::from_secs(1);
             }
@@ -360,7 +360,7 @@ impl WorkSampler {
         Self { samples, task }
     }
 
-    fn samples(&self) -> WorkSamples {
+    fn samples(&self) -> ServiceSamples {
         self.samples
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -368,14 +368,14 @@ impl WorkSampler {
     }
 }
 
-impl Drop for WorkSampler {
+impl Drop for ServiceSampler {
     fn drop(&mut self) {
         self.task.abort();
     }
 }
 
 /// The figures summed over the instances, or `None` if one failed.
-async fn work_counts(admin: &reqwest::Client, base_urls: &[String]) -> Option<ServiceSample> {
+async fn service_sample(admin: &reqwest::Client, base_urls: &[String]) -> Option<ServiceSample> {
     let mut total = ServiceSample::default();
     for base_url in base_urls {
         let text = admin
