@@ -645,6 +645,7 @@ impl Database {
             journal: active_journal,
             journal_manager: Arc::new(RwLock::new(journal_manager)),
             backpressure_lock: Mutex::default(),
+            retired_memtables: Mutex::default(),
             seqno,
         });
 
@@ -921,6 +922,7 @@ impl Database {
             journal,
             journal_manager: Arc::new(RwLock::new(JournalManager::new())),
             backpressure_lock: Mutex::default(),
+            retired_memtables: Mutex::default(),
             seqno,
         });
 

@@ -33,6 +33,16 @@ pub struct SupervisorInner {
     pub(crate) journal_manager: Arc<RwLock<JournalManager>>,
 
     pub(crate) backpressure_lock: Mutex<()>,
+
+    /// idem's patch (vendor/README.md): every memtable sealed by a
+    /// rotation, kept here until nothing else holds it, so that freeing
+    /// it happens in a background worker, outside every lock. Otherwise
+    /// the last reference is often the one dropped by the version garbage
+    /// collection (`SuperVersions::maintenance`), which runs while holding
+    /// the tree's version lock that every write and read takes: freeing a
+    /// memtable of 16 MiB, node by node, stalled every commit for tens of
+    /// milliseconds at each rotation.
+    pub(crate) retired_memtables: Mutex<Vec<Arc<lsm_tree::Memtable>>>,
 }
 
 #[derive(Clone)]
@@ -49,6 +59,32 @@ impl std::ops::Deref for Supervisor {
 impl Supervisor {
     pub fn new(inner: SupervisorInner) -> Self {
         Self(Arc::new(inner))
+    }
+
+    /// Keeps a sealed memtable until nothing else holds it
+    /// ([`SupervisorInner::retired_memtables`]).
+    pub(crate) fn retire_memtable(&self, memtable: Arc<lsm_tree::Memtable>) {
+        #[expect(clippy::expect_used)]
+        self.retired_memtables
+            .lock()
+            .expect("lock is poisoned")
+            .push(memtable);
+    }
+
+    /// Frees the retired memtables nothing else holds any more, after
+    /// releasing the list's lock: the caller is a background worker that
+    /// holds no other lock.
+    pub(crate) fn free_unreferenced_memtables(&self) {
+        let unreferenced: Vec<Arc<lsm_tree::Memtable>> = {
+            #[expect(clippy::expect_used)]
+            let mut retired = self.retired_memtables.lock().expect("lock is poisoned");
+            let (unreferenced, still_held) = std::mem::take(&mut *retired)
+                .into_iter()
+                .partition(|memtable| Arc::strong_count(memtable) == 1);
+            *retired = still_held;
+            unreferenced
+        };
+        drop(unreferenced);
     }
 
     pub fn build_seqno_map(

@@ -185,6 +185,9 @@ fn worker_tick(ctx: &WorkerState) -> crate::Result<bool> {
             log::trace!("acquiring journal lock");
             let journal_writer = keyspace.supervisor.journal.get_writer()?;
             keyspace.inner_rotate_memtable(journal_writer, memtable_id)?;
+            // idem's patch (vendor/README.md): a rotation's garbage
+            // collection is the other place that lets flushed memtables go.
+            keyspace.supervisor.free_unreferenced_memtables();
         }
         WorkerMessage::Flush => {
             let Some(task) = ctx.supervisor.flush_manager.dequeue() else {
@@ -250,6 +253,10 @@ fn worker_tick(ctx: &WorkerState) -> crate::Result<bool> {
                 .write()
                 .expect("lock is poisoned")
                 .maintenance()?;
+
+            // idem's patch (vendor/README.md): the flushed memtables, once
+            // the version garbage collection has let them go.
+            ctx.supervisor.free_unreferenced_memtables();
         }
         WorkerMessage::Compact(keyspace) => {
             // NOTE: Let one worker prioritize flushing if there are pending flushes
@@ -317,6 +324,32 @@ mod tests {
                 "worker message should be compaction request",
             );
         }
+
+        Ok(())
+    }
+
+    /// idem's patch (vendor/README.md): a sealed memtable is kept by the
+    /// supervisor until nothing else holds it, then freed by a worker. The
+    /// list must not keep what was flushed and collected: it would hold
+    /// every memtable ever written.
+    #[test]
+    fn retired_memtables_are_freed_once_nothing_else_holds_them() -> crate::Result<()> {
+        let folder = tempfile::tempdir()?;
+        let db = Database::builder(&folder).open()?;
+        let ks = db.keyspace("default", KeyspaceCreateOptions::default)?;
+
+        let first = Arc::downgrade(&ks.tree.active_memtable());
+        ks.insert("a", "a")?;
+        ks.rotate_memtable_and_wait()?;
+
+        for round in 0..20 {
+            ks.insert(format!("key-{round}"), "value")?;
+            ks.rotate_memtable_and_wait()?;
+        }
+
+        let retired = db.supervisor.retired_memtables.lock().expect("lock").len();
+        assert!(retired <= 3, "{retired} sealed memtables still kept after 21 flushes");
+        assert!(first.upgrade().is_none(), "the first memtable was freed");
 
         Ok(())
     }

@@ -741,12 +741,16 @@ impl Keyspace {
         }
 
         // Rotate memtable
-        let Some(_) = self.tree.rotate_memtable() else {
+        let Some(sealed) = self.tree.rotate_memtable() else {
             log::debug!("Got no sealed memtable, someone beat us to it");
             return Ok(false);
         };
 
         drop(journal_writer);
+
+        // idem's patch (vendor/README.md): freed later by a worker, outside
+        // the version lock.
+        self.supervisor.retire_memtable(sealed);
 
         self.supervisor.flush_manager.enqueue(Arc::new(FlushTask {
             keyspace: self.clone(),
