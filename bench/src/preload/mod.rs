@@ -14,7 +14,10 @@
 //! backs it.
 //!
 //! Batches go to the store two at a time ([`BATCHES_IN_FLIGHT`]), so the
-//! next batch is made while one is written. After the last batch the
+//! next batch is made while one is written. While the store is behind,
+//! batches are held back ([`target::RestProbe::behind`]: FoundationDB's
+//! storage queue, before ratekeeper throttles the load into a timeout).
+//! After the last batch the
 //! preload waits, at most [`SETTLE_S_MAX`], until the store has absorbed
 //! the load ([`target::RestProbe`]: on the embedded store, fjall's
 //! compaction of it; on FoundationDB, the storage servers' and logs'
@@ -196,6 +199,11 @@ pub struct PreloadReport {
     pub reference_ms: u64,
     pub elapsed_s: f64,
     pub records_per_s: f64,
+    /// How long, within `elapsed_s`, batches were held back because the
+    /// store was behind (absent from reports written before the preload
+    /// paced itself).
+    #[serde(default)]
+    pub paced_s: f64,
     /// The wait after the last batch until the store was at rest (absent
     /// from reports written before the preload waited).
     #[serde(default)]
@@ -236,7 +244,7 @@ pub async fn run(args: &PreloadArgs, seed: u64) -> Result<PreloadReport, Preload
     );
     let bytes_before = target.size.bytes().await;
     let started = Instant::now();
-    let written = load(&target, &records, batch, !args.quiet).await?;
+    let Loaded { written, paced_s } = load(&target, &records, batch, !args.quiet).await?;
     let elapsed = started.elapsed();
     let settle = settle(&target, !args.quiet).await;
     let bytes_after = target.size.bytes().await;
@@ -251,6 +259,7 @@ pub async fn run(args: &PreloadArgs, seed: u64) -> Result<PreloadReport, Preload
         reference_ms,
         elapsed_s: elapsed.as_secs_f64(),
         records_per_s: per_second(written, elapsed),
+        paced_s,
         settle,
         size: store_size(&target, bytes_before, bytes_after, written),
     })
@@ -312,12 +321,14 @@ async fn load(
     records: &PreloadRecords,
     batch: usize,
     show_progress: bool,
-) -> Result<u64, PreloadError> {
+) -> Result<Loaded, PreloadError> {
     let mut in_flight = JoinSet::new();
     let mut progress = Progress::new(target.backend, records.count(), show_progress);
+    let mut pacer = Pacer::new();
     let mut next = 0;
     let mut written = 0;
     while next < records.count() && !interrupt::requested() {
+        pacer.wait_until_the_store_keeps_pace(target, show_progress).await;
         let end = (next + batch as u64).min(records.count());
         let made = records
             .batch(next, end)
@@ -334,7 +345,63 @@ async fn load(
         written += batch_written(Some(joined), target.backend, written)?;
         progress.show(written);
     }
-    Ok(written)
+    Ok(Loaded {
+        written,
+        paced_s: pacer.waited.as_secs_f64(),
+    })
+}
+
+/// What [`load`] wrote, and how long it held batches back for the store.
+struct Loaded {
+    written: u64,
+    paced_s: f64,
+}
+
+/// Holds the next batch back while the store is too far behind to take it
+/// unthrottled ([`target::RestProbe::behind`]), looking at most every
+/// [`PACE_POLL_MS`]: FoundationDB's status document is assembled by the
+/// cluster controller from every process, too dear to read per batch.
+struct Pacer {
+    last_look: Option<Instant>,
+    waited: Duration,
+}
+
+/// How often the preload looks whether the store keeps pace.
+const PACE_POLL_MS: u64 = 1_000;
+
+impl Pacer {
+    fn new() -> Self {
+        Self {
+            last_look: None,
+            waited: Duration::ZERO,
+        }
+    }
+
+    async fn wait_until_the_store_keeps_pace(&mut self, target: &PreloadTarget, show_progress: bool) {
+        let poll = Duration::from_millis(PACE_POLL_MS);
+        if self.last_look.is_some_and(|last| last.elapsed() < poll) {
+            return;
+        }
+        let mut held_since = None;
+        while let Some(behind) = target.rest.behind().await {
+            let held = *held_since.get_or_insert_with(Instant::now);
+            if interrupt::requested() {
+                break;
+            }
+            if show_progress {
+                eprintln!(
+                    "preload {}: holding batches back ({:.0} s): {behind}",
+                    target.backend,
+                    held.elapsed().as_secs_f64()
+                );
+            }
+            tokio::time::sleep(poll).await;
+        }
+        if let Some(held) = held_since {
+            self.waited += held.elapsed();
+        }
+        self.last_look = Some(Instant::now());
+    }
 }
 
 type JoinedBatch = Option<Result<Result<u64, StoreError>, tokio::task::JoinError>>;
@@ -445,13 +512,14 @@ pub fn render(report: &PreloadReport) -> String {
         ),
     };
     format!(
-        "preload {}: {} of {} records written in {:.2} s, {:.0} records/s ({} per batch, expiry spread over {} s)\n  {}\n  {bytes}",
+        "preload {}: {} of {} records written in {:.2} s, {:.0} records/s ({} per batch, {:.0} s held back for the store, expiry spread over {} s)\n  {}\n  {bytes}",
         report.backend,
         report.records_written,
         report.records,
         report.elapsed_s,
         report.records_per_s,
         report.batch_records,
+        report.paced_s,
         report.retention_s,
         settle_line(&report.settle)
     )
@@ -543,6 +611,7 @@ mod tests {
             reference_ms: 0,
             elapsed_s: 0.5,
             records_per_s: 400.0,
+            paced_s: 3.0,
             settle: Settle {
                 waited_s: 12.25,
                 at_rest: true,
@@ -553,6 +622,7 @@ mod tests {
         let text = render(&report);
         assert!(text.contains("200 of 200 records"), "{text}");
         assert!(text.contains("500 bytes per record"), "{text}");
+        assert!(text.contains("3 s held back for the store"), "{text}");
         assert!(text.contains("at rest 12.2 s after the last batch"), "{text}");
     }
 

@@ -59,15 +59,32 @@ pub enum RestProbe {
 /// 369 MB and 91 MB (bench/results/2026-12-05/foundationdb-preload-rest).
 pub const FOUNDATIONDB_QUEUE_BYTES_AT_REST: u64 = 16 * 1024 * 1024;
 
+/// A FoundationDB storage queue from which a preload stops sending batches
+/// until it falls below again. Ratekeeper throttles every transaction as
+/// the worst storage queue nears 900 MB (`TARGET_BYTES_PER_STORAGE_SERVER`
+/// less `SPRING_BYTES_STORAGE_SERVER`); a load that runs into it has its
+/// 5 MB batches held there for minutes, and a preload of 10M records failed
+/// at 8.49M when one batch outlasted its 120 s budget (BENCHMARKS.md, "A day
+/// of keys"). A quarter of that keeps the load below the throttle, at the
+/// rate the storage server makes its writes durable.
+pub const FOUNDATIONDB_QUEUE_BYTES_PACE: u64 = 256 * 1024 * 1024;
+
+/// Ratekeeper's name for "not limited": the limit is the workload itself
+/// (`cluster.qos.performance_limited_by.name` of the status document).
+const RATEKEEPER_UNLIMITED: &str = "workload";
+
 /// What a FoundationDB cluster still owes for the writes it acknowledged,
 /// read from its status document.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FoundationDbBacklog {
     pub worst_storage_queue_bytes: u64,
     pub worst_log_queue_bytes: u64,
     /// Data distribution's bytes in flight and queued between servers
     /// (0 when the status document has no `moving_data` yet).
     pub moving_bytes: u64,
+    /// What ratekeeper limits transactions by, when it is not the workload
+    /// (a storage server's queue or durability lag, a log's queue...).
+    pub ratekeeper_limited_by: Option<String>,
 }
 
 impl FoundationDbBacklog {
@@ -81,7 +98,18 @@ impl FoundationDbBacklog {
             worst_storage_queue_bytes: qos["worst_queue_bytes_storage_server"].as_u64()?,
             worst_log_queue_bytes: qos["worst_queue_bytes_log_server"].as_u64()?,
             moving_bytes: moving_part("in_flight_bytes") + moving_part("in_queue_bytes"),
+            ratekeeper_limited_by: qos["performance_limited_by"]["name"]
+                .as_str()
+                .filter(|name| *name != RATEKEEPER_UNLIMITED)
+                .map(str::to_owned),
         })
+    }
+
+    /// Whether the cluster takes another batch without being throttled:
+    /// its worst storage queue below [`FOUNDATIONDB_QUEUE_BYTES_PACE`] and
+    /// ratekeeper limiting by nothing but the workload.
+    pub fn keeps_pace(&self) -> bool {
+        self.worst_storage_queue_bytes < FOUNDATIONDB_QUEUE_BYTES_PACE && self.ratekeeper_limited_by.is_none()
     }
 
     pub fn at_rest(&self) -> bool {
@@ -91,8 +119,12 @@ impl FoundationDbBacklog {
     }
 
     pub fn describe(&self) -> String {
+        let limited_by = match &self.ratekeeper_limited_by {
+            Some(reason) => format!(", ratekeeper limited by {reason}"),
+            None => String::new(),
+        };
         format!(
-            "worst storage queue {} bytes, worst log queue {} bytes, {} bytes moving between servers",
+            "worst storage queue {} bytes, worst log queue {} bytes, {} bytes moving between servers{limited_by}",
             self.worst_storage_queue_bytes, self.worst_log_queue_bytes, self.moving_bytes
         )
     }
@@ -121,19 +153,41 @@ impl RestProbe {
                 })
             }
             #[cfg(feature = "foundationdb")]
-            RestProbe::FoundationDbQueues(engine) => {
-                let status = match engine.status_json().await {
-                    Ok(status) => status,
-                    Err(error) => return Some(format!("status unreadable: {error}")),
-                };
-                match serde_json::from_slice(&status).map(|status| FoundationDbBacklog::from_status(&status)) {
-                    Ok(Some(backlog)) => (!backlog.at_rest()).then(|| backlog.describe()),
-                    Ok(None) => Some("no queue figures in the cluster's status yet".into()),
-                    Err(error) => Some(format!("status is not JSON: {error}")),
-                }
-            }
+            RestProbe::FoundationDbQueues(engine) => match foundationdb_backlog(engine).await {
+                Ok(backlog) => (!backlog.at_rest()).then(|| backlog.describe()),
+                Err(unread) => Some(unread),
+            },
             RestProbe::WhenWritten => None,
         }
+    }
+
+    /// `None` when the store takes the next batch without throttling it;
+    /// otherwise what it is behind on, for the progress line. Only
+    /// FoundationDB is paced: fjall slows and halts its own writes while
+    /// level 0 is long, and PostgreSQL and Redis write what they acknowledge.
+    pub async fn behind(&self) -> Option<String> {
+        match self {
+            #[cfg(feature = "foundationdb")]
+            RestProbe::FoundationDbQueues(engine) => match foundationdb_backlog(engine).await {
+                Ok(backlog) => (!backlog.keeps_pace()).then(|| backlog.describe()),
+                Err(unread) => Some(unread),
+            },
+            _ => None,
+        }
+    }
+}
+
+/// The cluster's backlog from its status document, or why it was not read.
+#[cfg(feature = "foundationdb")]
+async fn foundationdb_backlog(engine: &store_fdb::FoundationDbEngine) -> Result<FoundationDbBacklog, String> {
+    let status = engine
+        .status_json()
+        .await
+        .map_err(|error| format!("status unreadable: {error}"))?;
+    match serde_json::from_slice(&status).map(|status| FoundationDbBacklog::from_status(&status)) {
+        Ok(Some(backlog)) => Ok(backlog),
+        Ok(None) => Err("no queue figures in the cluster's status yet".into()),
+        Err(error) => Err(format!("status is not JSON: {error}")),
     }
 }
 
@@ -388,6 +442,7 @@ mod tests {
             "worst_queue_bytes_storage_server": storage_queue,
             "worst_queue_bytes_log_server": log_queue,
             "limiting_queue_bytes_storage_server": storage_queue,
+            "performance_limited_by": {"name": "workload", "description": "The database is not being saturated by the workload."},
         }, "data": {}}});
         if let Some((in_flight, in_queue)) = moving {
             status["cluster"]["data"]["moving_data"] =
@@ -409,6 +464,29 @@ mod tests {
         let moving = FoundationDbBacklog::from_status(&status(0, 0, Some((1, 2)))).unwrap();
         assert_eq!(moving.moving_bytes, 3);
         assert!(!moving.at_rest());
+    }
+
+    #[test]
+    fn a_preload_keeps_pace_while_the_storage_queue_is_short_and_ratekeeper_does_not_throttle() {
+        let loading = FoundationDbBacklog::from_status(&status(FOUNDATIONDB_QUEUE_BYTES_PACE - 1, 90_000_000, None))
+            .expect("queue figures");
+        assert!(loading.keeps_pace(), "{}", loading.describe());
+        assert!(!loading.at_rest(), "a queue that keeps pace is not yet at rest");
+        let behind = FoundationDbBacklog::from_status(&status(FOUNDATIONDB_QUEUE_BYTES_PACE, 0, None)).unwrap();
+        assert!(!behind.keeps_pace());
+        let mut throttled = status(0, 0, None);
+        throttled["cluster"]["qos"]["performance_limited_by"]["name"] = "storage_server_durability_lag".into();
+        let throttled = FoundationDbBacklog::from_status(&throttled).unwrap();
+        assert_eq!(
+            throttled.ratekeeper_limited_by.as_deref(),
+            Some("storage_server_durability_lag")
+        );
+        assert!(!throttled.keeps_pace());
+        assert!(
+            throttled
+                .describe()
+                .ends_with("ratekeeper limited by storage_server_durability_lag")
+        );
     }
 
     #[test]
