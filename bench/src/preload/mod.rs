@@ -368,6 +368,10 @@ struct Pacer {
 
 /// How often the preload looks whether the store keeps pace.
 const PACE_POLL_MS: u64 = 1_000;
+/// The longest one hold lasts: past it the next batch goes anyway, with
+/// its own time budget, so a status that stays unreadable or a queue that
+/// never drains ends the load with the store's error instead of hanging it.
+pub const PACE_HOLD_S_MAX: u64 = 600;
 
 impl Pacer {
     fn new() -> Self {
@@ -385,7 +389,7 @@ impl Pacer {
         let mut held_since = None;
         while let Some(behind) = target.rest.behind().await {
             let held = *held_since.get_or_insert_with(Instant::now);
-            if interrupt::requested() {
+            if interrupt::requested() || held.elapsed() >= Duration::from_secs(PACE_HOLD_S_MAX) {
                 break;
             }
             if show_progress {
