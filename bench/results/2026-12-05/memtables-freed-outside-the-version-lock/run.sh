@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# Embedded and Redis at 2,000/s for 60 s, the service before and after the
-# vendored fjall frees sealed memtables outside the version lock,
-# alternating; each run waits for a 1-minute load <= 1.0.
+# KINDS at 2,000/s for 60 s, two builds of the service (BEFORE and AFTER)
+# alternating, ROUNDS times; each run waits for a 1-minute load <= 1.0.
+# Outputs go to OUT (this folder by default). Used for the sealed memtables
+# freed outside the version lock (here) and for the conflict sets freed
+# after the commit's lock (OUT=../conflict-sets-freed-outside-the-commit-lock).
 set -euo pipefail
 bench=${BENCH:?the idem-bench binary, an absolute path}
 before=${BEFORE:?the server binary built before the change}
 after=${AFTER:?the server binary built with it}
 kinds=${KINDS:-embedded}
 rounds=${ROUNDS:-2}
-cd "$(dirname "$0")"
+cd "${OUT:-$(dirname "$0")}"
 wait_for_quiet() { while awk '{exit !($1 >= 1.0)}' /proc/loadavg; do sleep 5; done; }
 for round in $(seq 1 "$rounds"); do
     for kind in $kinds; do
