@@ -78,7 +78,9 @@ pub const CARRIER_OUTCOME_LABELS: [&str; 10] = [
 
 pub struct CarrierClient {
     http: reqwest::Client,
-    labels_url: String,
+    /// Parsed once: parsing it for every call was a measurable share of the
+    /// service's CPU per request (BENCHMARKS.md, "Per-request counts").
+    labels_url: reqwest::Url,
     /// Budget of one purchase, retries included.
     timeout: Duration,
     retries: CarrierRetries,
@@ -100,9 +102,12 @@ impl CarrierClient {
             builder = builder.tls_certs_only(roots);
         }
         let http = builder.build().map_err(|error| format!("carrier client: {error}"))?;
+        let labels_url = format!("{}{CARRIER_LABELS_PATH}", base_url.trim_end_matches('/'));
+        let labels_url =
+            reqwest::Url::parse(&labels_url).map_err(|error| format!("carrier url {labels_url:?}: {error}"))?;
         Ok(Self {
             http,
-            labels_url: format!("{}{CARRIER_LABELS_PATH}", base_url.trim_end_matches('/')),
+            labels_url,
             timeout,
             retries: CarrierRetries::NONE,
             retry_budget: RetryBudget::default(),
@@ -203,7 +208,7 @@ impl CarrierClient {
     ) -> CarrierOutcome {
         let mut call = self
             .http
-            .post(&self.labels_url)
+            .post(self.labels_url.clone())
             .timeout(timeout)
             .header("idempotency-key", carrier_key);
         if let Some(traceparent) = traceparent {

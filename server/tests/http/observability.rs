@@ -378,6 +378,36 @@ async fn made_up_methods_and_paths_add_no_metric_series() {
     server.shutdown().await;
 }
 
+/// Each route the router serves is counted under its own pattern, never as
+/// `unmatched`: the labels come from the router's list of routes, which
+/// must name every route it serves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_route_served_is_counted_under_its_own_pattern() {
+    let server = TestServer::start(StoreKind::Embedded).await;
+    let created = server
+        .post_label(Some(ALICE), Some(&fresh_key()), &label_body(order_id(), 1))
+        .await;
+    assert_eq!(created.status, 201);
+    let location = created.header("location").expect("a Location").to_owned();
+    assert_eq!(server.get(&location, Some(ALICE)).await.status, 200);
+    for path in ["/healthz", "/readyz", "/openapi.json"] {
+        assert_eq!(server.get(path, None).await.status, 200, "{path}");
+    }
+    let text = server.metrics_text().await;
+    for (route, method) in server::app::ROUTES {
+        if route == "/metrics" {
+            continue; // counted after its own answer, so not in it the first time
+        }
+        let selector = [format!("route=\"{route}\""), format!("method=\"{method}\"")];
+        let selector: Vec<&str> = selector.iter().map(String::as_str).collect();
+        assert!(
+            metric_value(&text, "idem_http_requests_total", &selector) >= 1.0,
+            "{method} {route} not counted under its pattern:\n{text}"
+        );
+    }
+    server.shutdown().await;
+}
+
 /// Whether the exposition has a sample of `series`: a metric name, or a
 /// name with a label selector as written (`name{a="b"`), or a histogram's
 /// buckets (`name_bucket`).
