@@ -7,7 +7,7 @@
 //! them together into one write to the transaction logs, so what a batch
 //! saves is the client's and the cluster's work per transaction, not a
 //! disk write: measured on one server, the capacity did not move either way
-//! (BENCHMARKS.md, "Claim batching on the FDB-style stores").
+//! (bench/results/2026-12-04/claim-batching-ab/README.md).
 //!
 //! The transaction does for each claim what a claim alone does
 //! (`FdbStore::transition`): it reads the item's record (every item's reads

@@ -2,8 +2,9 @@
 # KINDS at 2,000/s for 60 s, two builds of the service (BEFORE and AFTER)
 # alternating, ROUNDS times; each run waits for a 1-minute load <= 1.0.
 # Outputs go to OUT (this folder by default). Used for the sealed memtables
-# freed outside the version lock (here) and for the conflict sets freed
-# after the commit's lock (OUT=../conflict-sets-freed-outside-the-commit-lock).
+# freed outside the version lock (here), for the conflict sets freed after
+# the commit's lock (OUT=../conflict-sets-freed-outside-the-commit-lock) and
+# for those dropped a few per commit (OUT=../conflict-sets-dropped-a-few-per-commit).
 set -euo pipefail
 bench=${BENCH:?the idem-bench binary, an absolute path}
 before=${BEFORE:?the server binary built before the change}
