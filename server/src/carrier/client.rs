@@ -78,8 +78,9 @@ pub const CARRIER_OUTCOME_LABELS: [&str; 10] = [
 
 pub struct CarrierClient {
     http: reqwest::Client,
-    /// Parsed once: parsing it for every call was a measurable share of the
-    /// service's CPU per request (BENCHMARKS.md, "Per-request counts").
+    /// Parsed once: parsing it for every call was 2 % of the runtime
+    /// workers' samples at 2,000/s (BENCHMARKS.md, "Where the service's CPU
+    /// goes").
     labels_url: reqwest::Url,
     /// Budget of one purchase, retries included.
     timeout: Duration,
