@@ -65,8 +65,9 @@ pub const FOUNDATIONDB_QUEUE_BYTES_AT_REST: u64 = 16 * 1024 * 1024;
 /// less `SPRING_BYTES_STORAGE_SERVER`); a load that runs into it has its
 /// 5 MB batches held there for minutes, and a preload of 10M records failed
 /// at 8.49M when one batch outlasted its 120 s budget (BENCHMARKS.md, "A day
-/// of keys"). A quarter of that keeps the load below the throttle, at the
-/// rate the storage server makes its writes durable.
+/// of keys"). About a quarter of that (256 MiB against 900 MB) keeps the
+/// load below the throttle, at the rate the storage server makes its writes
+/// durable.
 pub const FOUNDATIONDB_QUEUE_BYTES_PACE: u64 = 256 * 1024 * 1024;
 
 /// Ratekeeper's name for "not limited": the limit is the workload itself
