@@ -544,8 +544,8 @@ struct StoredRecord {
 /// than that is the only one: the common case costs one point read, which
 /// the embedded engine answers through its tables' Bloom filters, where a
 /// range read must merge every table (about a tenth of the service's CPU at
-/// 800/s in BENCHMARKS.md, "Where the service's CPU goes"). Only a record of
-/// a full chunk or more is read as a range.
+/// 800/s; BENCHMARKS.md, History, "Point reads"). Only a record of a full
+/// chunk or more is read as a range.
 async fn read_record_bytes<T: Transaction>(tx: &T, slot: &Slot) -> Result<Option<StoredRecord>, TxError> {
     let Some(first) = tx.get(&slot.record.pack(&(0_u64,))).await? else {
         return Ok(None);

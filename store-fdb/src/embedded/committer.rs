@@ -32,7 +32,7 @@ struct CommitRequest {
 /// A commit itself makes no system call: fjall holds its transaction lock
 /// (the one every `write_tx` takes to begin) while it writes the journal,
 /// and a write per commit under that lock made the async workers wait for
-/// it (BENCHMARKS.md, "The embedded engine's stalls"). (fjall persists a
+/// it (`bench/results/2026-12-02/whole-set-and-stalls/`). (fjall persists a
 /// journal before rotating it, so a batch never misses a commit that landed
 /// in the previous journal.)
 pub(super) struct Committer {
