@@ -107,12 +107,12 @@ impl ClientSettings {
         self.prefer_wait_s.map(Duration::from_secs)
     }
 
-    /// The retry budget of a client with these settings: the polite
-    /// profile's token bucket, or none (every retry paid) for the
+    /// The retry budget of a client with these settings: the polite and
+    /// standard profiles' token bucket, or none (every retry paid) for the
     /// aggressive one.
     fn budget(&self) -> RetryBudget {
         match self.profile {
-            ClientProfile::Polite => RetryBudget::default(),
+            ClientProfile::Polite | ClientProfile::Standard => RetryBudget::default(),
             ClientProfile::Aggressive => RetryBudget::unlimited(),
         }
     }
@@ -132,6 +132,12 @@ impl ClientSettings {
                     max: Duration::from_secs(RETRY_AFTER_S_MAX),
                 },
                 WhenBudgetEmpty::WaitBackoffCap,
+            ),
+            ClientProfile::Standard => (
+                RetryAfterUse::Honour {
+                    max: Duration::from_secs(RETRY_AFTER_S_MAX),
+                },
+                WhenBudgetEmpty::GiveUp,
             ),
             ClientProfile::Aggressive => (RetryAfterUse::Ignore, WhenBudgetEmpty::GiveUp),
         };
@@ -1100,6 +1106,36 @@ mod tests {
             panic!("a 503 is retried");
         };
         assert!(pause <= aggressive.backoff_cap, "Retry-After ignored: {pause:?}");
+    }
+
+    #[test]
+    fn with_its_retry_quota_empty_the_polite_profile_retries_later_and_the_standard_one_gives_up() {
+        // A retry costs more than the one token this quota holds.
+        let empty = RetryBudget::with_tokens(1).unwrap();
+        let now = Instant::now();
+        let busy = Answer::Status {
+            status: 503,
+            code: Some("overloaded".into()),
+        };
+        let polite = settings(&[]);
+        let mut retry = IntentRetry::new(&polite.policy, &empty, now);
+        retry.next_attempt(now).unwrap();
+        let Step::Retry { pause } = retry.after(&busy.class(), None, now, SystemTime::now()) else {
+            panic!("the polite client retries unpaid");
+        };
+        assert!(
+            pause >= polite.backoff_cap,
+            "and waits the longest backoff more: {pause:?}"
+        );
+        let standard = settings(&["--client-profile", "standard"]);
+        assert_eq!(standard.budget().tokens(), idem_client::RETRY_BUDGET_TOKENS_DEFAULT);
+        let mut retry = IntentRetry::new(&standard.policy, &empty, now);
+        retry.next_attempt(now).unwrap();
+        let step = retry.after(&busy.class(), None, now, SystemTime::now());
+        assert!(
+            matches!(step, Step::GiveUp(idem_client::GiveUpReason::BudgetExhausted)),
+            "the standard client gives up: {step:?}"
+        );
     }
 
     #[test]

@@ -218,7 +218,7 @@ impl HttpReport {
         text.push_str(&format!("attempts: {}\n", attempts.join(" ")));
         if self.retries_refused_by_quota > 0 {
             text.push_str(&format!(
-                "retries deferred by the client's empty retry quota: {}\n",
+                "retries the client's empty retry quota did not pay for (polite: deferred; standard: the intent gave up): {}\n",
                 self.retries_refused_by_quota
             ));
         }
