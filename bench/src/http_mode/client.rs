@@ -126,19 +126,12 @@ impl ClientSettings {
         backoff_base: Duration,
         backoff_cap: Duration,
     ) -> Result<RetryPolicy, ClientError> {
+        let honour_retry_after = RetryAfterUse::Honour {
+            max: Duration::from_secs(RETRY_AFTER_S_MAX),
+        };
         let (retry_after, when_budget_empty) = match args.client_profile {
-            ClientProfile::Polite => (
-                RetryAfterUse::Honour {
-                    max: Duration::from_secs(RETRY_AFTER_S_MAX),
-                },
-                WhenBudgetEmpty::WaitBackoffCap,
-            ),
-            ClientProfile::Standard => (
-                RetryAfterUse::Honour {
-                    max: Duration::from_secs(RETRY_AFTER_S_MAX),
-                },
-                WhenBudgetEmpty::GiveUp,
-            ),
+            ClientProfile::Polite => (honour_retry_after, WhenBudgetEmpty::WaitBackoffCap),
+            ClientProfile::Standard => (honour_retry_after, WhenBudgetEmpty::GiveUp),
             ClientProfile::Aggressive => (RetryAfterUse::Ignore, WhenBudgetEmpty::GiveUp),
         };
         Ok(RetryPolicy::builder()
