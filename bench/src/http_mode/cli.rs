@@ -44,18 +44,18 @@ pub const PREFER_WAIT_S_MAX: u64 = 300;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum ClientProfile {
-    /// As mature SDKs retry: waits at least the server's `Retry-After`,
-    /// full jitter, and a retry quota shared by the whole client (the AWS
-    /// SDKs' standard retry mode), so an overloaded server sees fewer
-    /// retries, not more. When the quota is empty a retry waits the longest
+    /// The design's client and the default (idem-client's default,
+    /// docs/design.md "retries must not multiply an outage"), as mature SDKs
+    /// retry: waits at least the server's `Retry-After`, full jitter, and a
+    /// retry quota shared by the whole client (the AWS SDKs' standard retry
+    /// mode), so an overloaded server sees fewer retries, not more. When the
+    /// quota is empty the intent gives up, as the AWS SDKs' standard mode
+    /// does, and counts as lost.
+    Standard,
+    /// As standard, but when the quota is empty a retry waits the longest
     /// backoff more and goes ahead unpaid, as a service that puts the
     /// intent back on its queue would: retries slow down but never stop.
     Polite,
-    /// The design's client (idem-client's default, docs/design.md "retries
-    /// must not multiply an outage"): as polite, but when the quota is
-    /// empty the intent gives up, as the AWS SDKs' standard mode does, and
-    /// counts as lost.
-    Standard,
     /// Retries every retryable answer after its jittered backoff alone,
     /// ignoring `Retry-After`, with no quota: a retry storm, for load
     /// testers who want to see one.
@@ -88,9 +88,9 @@ pub struct FulfilmentArgs {
     /// One key per intent (derived) or a new key per attempt (docs/design.md#failure-new-key-per-attempt).
     #[arg(long, value_enum, default_value_t = KeyMode::Derived)]
     pub key_mode: KeyMode,
-    /// How the client retries: polite (Retry-After, retry quota, unpaid retries slowed down), standard
-    /// (the same, but an intent gives up when the quota is empty) or aggressive (neither).
-    #[arg(long, value_enum, default_value_t = ClientProfile::Polite)]
+    /// How the client retries: standard (Retry-After, a retry quota; an intent gives up when the quota is
+    /// empty), polite (the same, but unpaid retries go ahead, slowed down) or aggressive (neither).
+    #[arg(long, value_enum, default_value_t = ClientProfile::Standard)]
     pub client_profile: ClientProfile,
     /// Client deadline per attempt, in milliseconds.
     #[arg(long, default_value_t = DEADLINE_MS_DEFAULT)]

@@ -4,10 +4,11 @@
 //! ([`idem_client::IntentRetry`], the same the library's middleware
 //! makes): capped exponential backoff with full jitter on timeouts,
 //! connection errors, 409 and 5xx (always the same key in derived mode),
-//! never a retry on 422 or another 4xx. The polite profile (the default)
-//! also waits the server's `Retry-After` and spends a retry budget shared
-//! by the whole client ([`RetryBudget`]), waiting the longest backoff more
-//! when it is empty; the aggressive one does neither. With
+//! never a retry on 422 or another 4xx. The standard profile (the default,
+//! the design's client) also waits the server's `Retry-After` and spends a
+//! retry budget shared by the whole client ([`RetryBudget`]), giving the
+//! intent up when it is empty; the polite one waits the longest backoff
+//! more instead; the aggressive one does neither. With
 //! `--prefer-wait S` every retry asks the server to wait (`Prefer: wait=S`,
 //! docs/design.md#waiting) and is given S seconds more; what the waits did
 //! is counted in [`WaitTally`]. The bench keeps its own sender (a bounded
@@ -1074,7 +1075,14 @@ mod tests {
 
     #[test]
     fn the_polite_profile_spends_a_budget_and_waits_retry_after_and_the_aggressive_one_neither() {
-        let polite = settings(&["--backoff-base-ms", "10", "--backoff-cap-ms", "70"]);
+        let polite = settings(&[
+            "--client-profile",
+            "polite",
+            "--backoff-base-ms",
+            "10",
+            "--backoff-cap-ms",
+            "70",
+        ]);
         assert_eq!(polite.budget().tokens(), idem_client::RETRY_BUDGET_TOKENS_DEFAULT);
         assert_eq!(polite.policy.backoff_ceiling(5), Duration::from_millis(70));
         let quota = polite.budget();
@@ -1110,7 +1118,7 @@ mod tests {
             status: 503,
             code: Some("overloaded".into()),
         };
-        let polite = settings(&[]);
+        let polite = settings(&["--client-profile", "polite"]);
         let mut retry = IntentRetry::new(&polite.policy, &empty, now);
         retry.next_attempt(now).unwrap();
         let Step::Retry { pause } = retry.after(&busy.class(), None, now, SystemTime::now()) else {
@@ -1120,7 +1128,8 @@ mod tests {
             pause >= polite.backoff_cap,
             "and waits the longest backoff more: {pause:?}"
         );
-        let standard = settings(&["--client-profile", "standard"]);
+        let standard = settings(&[]);
+        assert_eq!(standard.profile, ClientProfile::Standard, "the default");
         assert_eq!(standard.budget().tokens(), idem_client::RETRY_BUDGET_TOKENS_DEFAULT);
         let mut retry = IntentRetry::new(&standard.policy, &empty, now);
         retry.next_attempt(now).unwrap();
