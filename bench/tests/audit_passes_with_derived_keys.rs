@@ -35,7 +35,12 @@ async fn derived_keys_survive_lost_replies_and_duplicates_with_a_clean_audit() {
             .iter()
             .all(|check| check["agrees"] == true)
     );
+    // The run names its client: the design's, by default.
+    assert_eq!(http["client_profile"], "standard", "{}", http["client_profile"]);
     let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(stdout.contains("audit PASSED"), "{stdout}");
+    assert!(
+        stdout.contains("(derived keys, standard client) audit PASSED"),
+        "{stdout}"
+    );
     service.running.shutdown().await.unwrap();
 }

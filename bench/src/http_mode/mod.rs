@@ -17,7 +17,7 @@ use crate::interrupt;
 use crate::ramp::{RampReport, RampSettings, run_ramp};
 use crate::report::{RunSummary, Table};
 use audit::{AnswerCounts, AuditInput, AuditReport, audit};
-use cli::{FulfilmentArgs, HttpArgs, KeyMode, Profile};
+use cli::{ClientProfile, FulfilmentArgs, HttpArgs, KeyMode, Profile};
 use client::{ClientError, ClientSettings, FulfilmentClient, PreferWaitReport, answered_409};
 use costs::{CostMeter, ProcessCpu};
 use overload::{OverloadReport, ServiceSampler, run_overload};
@@ -144,12 +144,17 @@ impl HttpRun {
 pub struct HttpReport {
     pub store_kind: String,
     pub key_mode: KeyMode,
+    /// How the client retried (`--client-profile`); absent in reports
+    /// written before the report named it.
+    #[serde(default)]
+    pub client_profile: Option<ClientProfile>,
     pub url: String,
     pub notes: Vec<String>,
     pub open_loop: Option<RunSummary>,
     pub ramp: Option<RampReport>,
     pub overload: Option<OverloadReport>,
-    /// Retries the polite client's empty quota deferred to the longest backoff.
+    /// Retries the client's empty quota did not pay for: deferred to the
+    /// longest backoff (polite), or the intent given up (standard).
     pub retries_refused_by_quota: u64,
     /// What `--prefer-wait` did, when it was set.
     #[serde(default)]
@@ -171,6 +176,7 @@ impl HttpReport {
         Self {
             store_kind: run.store_kind_name(),
             key_mode: run.fulfilment.key_mode,
+            client_profile: Some(run.fulfilment.client_profile),
             url: server.base_urls.join(" "),
             notes: server.spawned.as_ref().map(|s| s.notes.clone()).unwrap_or_default(),
             open_loop: None,
@@ -190,9 +196,12 @@ impl HttpReport {
     pub fn render(&self) -> String {
         let verdict = if self.audit.passed { "PASSED" } else { "FAILED" };
         let mut text = format!(
-            "http {} ({} keys) audit {verdict}: {} intents ({} sent twice), {} labelled exactly once, {} lost, {} with duplicate labels, {} parcels bought more than once\n",
+            "http {} ({} keys{}) audit {verdict}: {} intents ({} sent twice), {} labelled exactly once, {} lost, {} with duplicate labels, {} parcels bought more than once\n",
             self.store_kind,
             self.key_mode,
+            self.client_profile
+                .map(|profile| format!(", {profile} client"))
+                .unwrap_or_default(),
             self.audit.intents,
             self.audit.intents_sent_twice,
             self.audit.labelled_exactly_once,
@@ -218,7 +227,12 @@ impl HttpReport {
         text.push_str(&format!("attempts: {}\n", attempts.join(" ")));
         if self.retries_refused_by_quota > 0 {
             text.push_str(&format!(
-                "retries the client's empty retry quota did not pay for (polite: deferred; standard: the intent gave up): {}\n",
+                "retries the client's empty retry quota did not pay for ({}): {}\n",
+                match self.client_profile {
+                    Some(ClientProfile::Polite) => "deferred to the longest backoff",
+                    Some(ClientProfile::Standard) => "the intent gave up",
+                    Some(ClientProfile::Aggressive) | None => "polite: deferred; standard: the intent gave up",
+                },
                 self.retries_refused_by_quota
             ));
         }
