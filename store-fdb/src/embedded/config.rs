@@ -78,10 +78,17 @@ impl Default for EmbeddedConfig {
 
 /// fjall's block cache: read blocks of flushed tables. Records live a day
 /// and most reads are of keys written seconds ago (still in the memtable),
-/// so a small cache serves them; fjall's own default is 32 MiB. A store
-/// holding a day of keys wants more: the sweeper reads day-old records and
-/// claims read the filters of every table (BENCHMARKS.md, "A day of keys").
-pub const CACHE_BYTES_DEFAULT: u64 = 16 * 1024 * 1024;
+/// so the cache stays nearly empty on a young store; fjall's own default is
+/// 32 MiB. It must still admit the largest block a point read loads: the
+/// cache is split into four shards per CPU and never admits a block over
+/// four fifths of a shard, so 16 MiB on two cores refused anything over
+/// 1.6 MiB, which the whole index block of a level-2 table outgrows at a
+/// few million records; every point read reaching such a table then read
+/// and checksummed it from the file again (BENCHMARKS.md, "A day of keys":
+/// at 3M records a third of the service's CPU, 64 MiB took it to 1 %, with
+/// the same peak RSS on an empty store). A store holding a day of keys
+/// wants more still: the sweeper reads day-old records.
+pub const CACHE_BYTES_DEFAULT: u64 = 64 * 1024 * 1024;
 
 /// The memtable a keyspace fills before it is sealed and flushed. Up to two
 /// are in memory at once (the active one and the one being flushed), and a
