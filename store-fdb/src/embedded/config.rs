@@ -86,8 +86,10 @@ impl Default for EmbeddedConfig {
 /// few million records; every point read reaching such a table then read
 /// and checksummed it from the file again (BENCHMARKS.md, "A day of keys":
 /// at 3M records a third of the service's CPU, 64 MiB took it to 1 %, with
-/// the same peak RSS on an empty store). A store holding a day of keys
-/// wants more still: the sweeper reads day-old records.
+/// the same peak RSS on an empty store). The shards are per CPU, so this
+/// default is sized for the design's two cores: a machine with more wants
+/// about 32 MiB per CPU. A store holding a day of keys wants more still:
+/// the sweeper reads day-old records.
 pub const CACHE_BYTES_DEFAULT: u64 = 64 * 1024 * 1024;
 
 /// The memtable a keyspace fills before it is sealed and flushed. Up to two
