@@ -13,6 +13,9 @@
 //! that will have given up. A request that got a worker keeps it until its
 //! work ends, even if the client hangs up (the slot travels with the work,
 //! see [`crate::limits::InFlightSlot`]); claimed keys are always finished.
+//! A request that must queue is refused as soon as its deadline
+//! (`Request-Timeout-Ms`) no longer leaves the time admitted work has lately
+//! taken ([`WorkTime`]): its client would be gone before its answer.
 //!
 //! A worker stands for work in this service and its store, not for waits
 //! on another service: while a label's carrier call is out, the request sets
@@ -33,7 +36,9 @@
 use crate::auth::Caller;
 use crate::error::ApiError;
 use crate::limits::InFlightSlot;
-use crate::metrics::{ADMISSION_QUEUE_WAITING, ADMISSION_SHED_TOTAL, ADMISSION_WORKERS_BORROWED_TOTAL};
+use crate::metrics::{
+    ADMISSION_QUEUE_WAITING, ADMISSION_SHED_TOTAL, ADMISSION_WORK_EXPECTED_SECONDS, ADMISSION_WORKERS_BORROWED_TOTAL,
+};
 use crate::setting::{ConfigError, check_range};
 use axum::extract::{Request, State};
 use axum::http::Extensions;
@@ -70,6 +75,15 @@ pub const ADMISSION_TARGET_MS_DEFAULT: u64 = 25;
 pub const ADMISSION_INTERVAL_MS_DEFAULT: u64 = 100;
 /// Longest target or interval accepted.
 pub const ADMISSION_MS_MAX: u64 = 10_000;
+/// How many recent samples the mean time of admitted work ([`WorkTime`])
+/// roughly spans: each new one weighs one sixteenth, so one slow request
+/// moves it a little and a change that lasts moves it within a few dozen
+/// requests.
+pub const WORK_TIME_MEAN_SAMPLES: u64 = 16;
+/// Longest sample [`WorkTime`] takes in: one request that took longer (a
+/// carrier's timeout) counts as this, so it moves the mean by at most a
+/// sixteenth of it.
+pub const WORK_TIME_SAMPLE_MAX: Duration = Duration::from_secs(1);
 
 /// The settings of [`Admission`], from `[server.admission]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
@@ -218,6 +232,44 @@ impl Codel {
     }
 }
 
+/// How long admitted work has lately taken, from admission to its end (the
+/// last holder of its worker letting go; a carrier call it waited on
+/// included, since its client waits for that too): a running mean over about
+/// [`WORK_TIME_MEAN_SAMPLES`] requests. Zero until the first sample.
+///
+/// A request that must queue for a worker is admitted only while its
+/// deadline still leaves this much time (docs/design.md#deadlines): one
+/// admitted with less would most likely finish for a client already gone,
+/// and take a worker from one that is still waiting. The mean is fed only
+/// by admitted work, and the rule applies only while every worker is held,
+/// so work keeps ending and feeding it: it cannot stay high by refusing
+/// everything.
+#[derive(Debug, Default)]
+pub struct WorkTime {
+    mean_us: AtomicU64,
+}
+
+impl WorkTime {
+    /// One admitted request's work ended after `elapsed`.
+    pub fn record(&self, elapsed: Duration) {
+        let sample_us = u64::try_from(elapsed.min(WORK_TIME_SAMPLE_MAX).as_micros()).unwrap_or(u64::MAX);
+        // Bounded by WORK_TIME_SAMPLE_MAX, so the products cannot overflow.
+        let next = |mean_us: u64| match mean_us {
+            0 => sample_us,
+            _ => (mean_us * (WORK_TIME_MEAN_SAMPLES - 1) + sample_us) / WORK_TIME_MEAN_SAMPLES,
+        };
+        // The closure always returns Some, so the update always succeeds.
+        let _ = self
+            .mean_us
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |mean_us| Some(next(mean_us)));
+    }
+
+    /// The time work admitted now is expected to take.
+    pub fn expected(&self) -> Duration {
+        Duration::from_micros(self.mean_us.load(Ordering::Relaxed))
+    }
+}
+
 /// Workers held per caller, for the fairness rule.
 #[derive(Debug, Default)]
 struct CallerShares {
@@ -292,7 +344,7 @@ struct Seat {
     admission: Admission,
     caller: String,
     /// The request's deadline ([`idem_http::RequestDeadline`]): it never
-    /// waits for a worker past it.
+    /// waits for a worker past the moment its work could still end by it.
     deadline: Option<Instant>,
     held: Mutex<Held>,
 }
@@ -336,11 +388,15 @@ impl Seat {
 #[derive(Debug)]
 pub struct Worker {
     seat: Arc<Seat>,
+    admitted_at: Instant,
 }
 
 impl Drop for Worker {
     fn drop(&mut self) {
         self.seat.vacate();
+        let work_time = &self.seat.admission.pool.work_time;
+        work_time.record(self.admitted_at.elapsed());
+        metrics::gauge!(ADMISSION_WORK_EXPECTED_SECONDS).set(work_time.expected().as_secs_f64());
     }
 }
 
@@ -393,7 +449,8 @@ pub enum Shed {
     QueueFull,
     /// Its caller already held its share of the workers.
     CallerShare,
-    /// Its deadline passed, or would have before a worker was free.
+    /// Its deadline passed, or would have before a worker was free and
+    /// its work done ([`WorkTime`]).
     Deadline,
 }
 
@@ -433,7 +490,10 @@ impl Admission {
 
     async fn admit_into(&self, seat: Arc<Seat>) -> Result<Worker, Shed> {
         seat.hold(self.take(&seat.caller, seat.deadline).await?);
-        Ok(Worker { seat })
+        Ok(Worker {
+            seat,
+            admitted_at: Instant::now(),
+        })
     }
 
     async fn take(&self, caller: &str, deadline: Option<Instant>) -> Result<Held, Shed> {
@@ -500,6 +560,7 @@ struct WorkerPool {
     workers_total: usize,
     queue_max: usize,
     codel: Codel,
+    work_time: WorkTime,
     state: Mutex<PoolState>,
 }
 
@@ -534,6 +595,7 @@ impl WorkerPool {
                 Duration::from_millis(config.interval_ms),
                 Instant::now(),
             ),
+            work_time: WorkTime::default(),
             state: Mutex::new(PoolState {
                 free: config.workers(),
                 held: 0,
@@ -627,13 +689,16 @@ impl WorkerPool {
         metrics::gauge!(ADMISSION_QUEUE_WAITING).set(state.waiters.len() as f64);
     }
 
-    /// Waits for a worker as long as CoDel allows, and never past the
-    /// request's deadline.
+    /// Waits for a worker as long as CoDel allows, and never past the last
+    /// moment the request's work can start and still end by its deadline
+    /// (its deadline less the time work lately takes, [`WorkTime`]).
     async fn wait_for_worker(&self, deadline: Option<Instant>) -> Result<(), Shed> {
         let now = Instant::now();
         let allowed = self.codel.wait_allowed(now);
-        let until_deadline = deadline.map(|deadline| deadline.saturating_duration_since(now));
-        let (wait, shed) = match until_deadline {
+        let expected = self.work_time.expected();
+        let until_latest_start =
+            deadline.map(|deadline| deadline.saturating_duration_since(now).saturating_sub(expected));
+        let (wait, shed) = match until_latest_start {
             Some(remaining) if remaining.is_zero() => return Err(Shed::Deadline),
             Some(remaining) if remaining < allowed => (remaining, Shed::Deadline),
             _ => (allowed, Shed::QueueDelay),
@@ -1129,6 +1194,64 @@ mod tests {
         // Later than the interval: CoDel's wait is the limit.
         let shed = admission.admit_into(seat(1_000)).await.map(drop).unwrap_err();
         assert_eq!(shed, Shed::QueueDelay);
+    }
+
+    #[test]
+    fn the_expected_work_time_is_a_running_mean_that_one_slow_request_moves_a_little() {
+        let work_time = WorkTime::default();
+        assert_eq!(work_time.expected(), Duration::ZERO, "no estimate before any work");
+        work_time.record(Duration::from_millis(32));
+        assert_eq!(work_time.expected(), Duration::from_millis(32), "the first sample");
+        work_time.record(Duration::from_millis(48));
+        assert_eq!(
+            work_time.expected(),
+            Duration::from_millis(33),
+            "a sixteenth of the way"
+        );
+        // A carrier's 10 s timeout counts as WORK_TIME_SAMPLE_MAX.
+        work_time.record(Duration::from_secs(10));
+        assert_eq!(
+            work_time.expected(),
+            Duration::from_micros(33 * 15 * 1_000 / 16 + 1_000_000 / 16)
+        );
+        for _ in 0..200 {
+            work_time.record(Duration::from_millis(5));
+        }
+        assert!(
+            work_time.expected() < Duration::from_micros(5_100),
+            "{:?}",
+            work_time.expected()
+        );
+    }
+
+    /// Work lately takes 40 ms: a request that must queue is admitted only
+    /// while its deadline leaves 40 ms; with a worker free it is admitted
+    /// whatever its deadline (the store-side checks refuse a passed one).
+    #[tokio::test(start_paused = true)]
+    async fn a_queued_request_is_shed_once_its_deadline_leaves_less_than_the_work_takes() {
+        let admission = Admission::new(&config(1, 10));
+        admission.pool.work_time.record(Duration::from_millis(40));
+        let seat = |deadline_ms: u64| {
+            let deadline = Instant::now() + Duration::from_millis(deadline_ms);
+            Seat::new(admission.clone(), "a".to_owned(), Some(deadline))
+        };
+        let free = admission.admit_into(seat(30)).await.expect("a free worker");
+        // 50 ms left: it may wait 10 ms for a worker, then is shed.
+        let started = Instant::now();
+        let shed = admission.admit_into(seat(50)).await.map(drop).unwrap_err();
+        assert_eq!((shed, started.elapsed()), (Shed::Deadline, Duration::from_millis(10)));
+        // 30 ms left, less than the work takes: shed at once.
+        let started = Instant::now();
+        let shed = admission.admit_into(seat(30)).await.map(drop).unwrap_err();
+        assert_eq!((shed, started.elapsed()), (Shed::Deadline, Duration::ZERO));
+        // A worker freed within the time left admits the request.
+        let waiting = admission.admit_into(seat(90));
+        let freed = async {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            drop(free);
+        };
+        let (admitted, ()) = tokio::join!(waiting, freed);
+        admitted.expect("admitted within its 50 ms to spare");
     }
 
     #[tokio::test(start_paused = true)]

@@ -28,10 +28,14 @@ pub const HTTP_REQUESTS_IN_FLIGHT: &str = "idem_http_requests_in_flight";
 /// compare the gauge above with the cap this process runs with.
 pub const HTTP_REQUESTS_IN_FLIGHT_MAX: &str = "idem_http_requests_in_flight_max";
 /// Requests refused by admission control, by `reason` (`queue_delay`,
-/// `queue_full`, `caller_share`).
+/// `queue_full`, `caller_share`, `deadline`).
 pub const ADMISSION_SHED_TOTAL: &str = "idem_admission_shed_total";
 /// Requests waiting for an admission worker right now.
 pub const ADMISSION_QUEUE_WAITING: &str = "idem_admission_queue_waiting";
+/// The time admitted work has lately taken, from admission to its end (a
+/// running mean): a request that must queue is shed once its deadline
+/// leaves less (`admission::WorkTime`).
+pub const ADMISSION_WORK_EXPECTED_SECONDS: &str = "idem_admission_work_expected_seconds";
 /// Workers lent, ahead of the pool, to work coming back from the carrier
 /// when none was free (repaid by the next workers given back).
 pub const ADMISSION_WORKERS_BORROWED_TOTAL: &str = "idem_admission_workers_borrowed_total";
@@ -134,6 +138,10 @@ fn describe() {
         "Requests refused by admission control before any work, by reason."
     );
     describe_gauge!(ADMISSION_QUEUE_WAITING, "Requests waiting for an admission worker.");
+    describe_gauge!(
+        ADMISSION_WORK_EXPECTED_SECONDS,
+        "The time admitted work has lately taken (a running mean); a queued request's deadline must leave it."
+    );
     describe_counter!(
         WORK_DONE_TOTAL,
         "Requests whose work ended, by whether the client was still waiting (its deadline not yet passed)."
@@ -271,6 +279,7 @@ pub fn register_at_zero(labels: &LabelSets) {
         metrics::counter!(ADMISSION_SHED_TOTAL, "reason" => *reason).increment(0);
     }
     metrics::gauge!(ADMISSION_QUEUE_WAITING).set(0.0);
+    metrics::gauge!(ADMISSION_WORK_EXPECTED_SECONDS).set(0.0);
     metrics::counter!(ADMISSION_WORKERS_BORROWED_TOTAL).increment(0);
     for client in WORK_DONE_CLIENTS {
         metrics::counter!(WORK_DONE_TOTAL, "client" => client).increment(0);
