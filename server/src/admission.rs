@@ -1226,7 +1226,7 @@ mod tests {
 
     /// Work lately takes 40 ms: a request that must queue is admitted only
     /// while its deadline leaves 40 ms; with a worker free it is admitted
-    /// whatever its deadline (the store-side checks refuse a passed one).
+    /// whatever its deadline (the claim refuses one already passed).
     #[tokio::test(start_paused = true)]
     async fn a_queued_request_is_shed_once_its_deadline_leaves_less_than_the_work_takes() {
         let admission = Admission::new(&config(1, 10));
