@@ -766,6 +766,11 @@ impl Keyspace {
             self.supervisor.snapshot_tracker.pullup();
             self.supervisor.snapshot_tracker.gc();
 
+            // idem's patch (vendor/README.md): the versions each keyspace's
+            // GC collects, dropped (and the files of the tables only they
+            // held deleted) after the locks.
+            let mut collected = Vec::new();
+
             for keyspace in self
                 .supervisor
                 .keyspaces
@@ -773,16 +778,19 @@ impl Keyspace {
                 .expect("lock is poisoned")
                 .values()
             {
-                if let Err(e) = keyspace.tree.get_version_history_lock().maintenance(
+                match keyspace.tree.get_version_history_lock().maintenance(
                     keyspace.path(),
                     self.supervisor.snapshot_tracker.get_seqno_safe_to_gc(),
                 ) {
-                    log::warn!(
+                    Ok(versions) => collected.extend(versions),
+                    Err(e) => log::warn!(
                         "Version history GC failed for keyspace {:?}: {e:?}",
                         keyspace.name,
-                    );
+                    ),
                 }
             }
+
+            drop(collected);
         }
 
         #[expect(clippy::expect_used)]
