@@ -5,16 +5,22 @@
 //! maintained; bincode is avoided (see the README's dependency notes). A
 //! committed byte fixture for each (`tests/fixtures/record-v1.bin`,
 //! `tests/fixtures/response-v1.bin`) is decoded and re-encoded by a test, so
-//! any change to a layout is caught before it ships.
+//! any change to a layout is caught before it ships; the deflated response's
+//! fixture (`response-v1-deflated.bin`, written by another deflater, zlib)
+//! is decoded.
 //!
 //! Who uses which: the FDB-style store keeps whole records
 //! ([`encode_record`]); the Redis store keeps a record as hash fields, its
 //! saved response as one opaque field ([`encode_response`]), since its
 //! scripts copy a response but never look inside; PostgreSQL keeps the
-//! response in columns of its own (status, header names, header values,
-//! body) and needs neither.
+//! response deflated in one column ([`encode_response_deflated`]), since
+//! PostgreSQL compresses nothing in a row under about 2 KB and the design
+//! sizes a record at 512 bytes (BENCHMARKS.md, "A day of keys").
 
-use crate::types::{InvalidInput, Record, RecordState, SavedResponse};
+use crate::types::{
+    InvalidInput, RESPONSE_BODY_BYTES_MAX, RESPONSE_HEADER_BYTES_MAX, RESPONSE_HEADERS_COUNT_MAX, Record, RecordState,
+    SavedResponse,
+};
 use serde::{Deserialize, Serialize};
 
 /// The version byte written in front of every encoded record.
@@ -117,6 +123,37 @@ pub fn encode_response(response: &SavedResponse) -> Vec<u8> {
     bytes
 }
 
+/// Longest [`encode_response`] output a response within the limits can
+/// have: the version byte, the status, the header count, every header and
+/// the body with their lengths (postcard writes a length as a varint of at
+/// most 10 bytes). [`decode_response_deflated`] inflates no further, so
+/// bytes that inflate without end are refused, not buffered.
+pub const ENCODED_RESPONSE_BYTES_MAX: usize =
+    1 + 3 + 10 + RESPONSE_HEADERS_COUNT_MAX * (RESPONSE_HEADER_BYTES_MAX + 2 * 10) + 10 + RESPONSE_BODY_BYTES_MAX;
+
+/// miniz's default level. On the Label service's ~300-byte response (about
+/// 10 µs to deflate, 4 µs to inflate), level 1 saves 3 bytes less and is
+/// not reliably faster: most of the time goes to preparing the
+/// compressor's tables, not to the search.
+const RESPONSE_DEFLATE_LEVEL: u8 = 6;
+
+/// [`encode_response`], deflated (RFC 1951, raw). The Label service's
+/// 201 (about 300 bytes) becomes about 215.
+pub fn encode_response_deflated(response: &SavedResponse) -> Vec<u8> {
+    miniz_oxide::deflate::compress_to_vec(&encode_response(response), RESPONSE_DEFLATE_LEVEL)
+}
+
+/// Inflates (at most [`ENCODED_RESPONSE_BYTES_MAX`]) and decodes what
+/// [`encode_response_deflated`] wrote.
+pub fn decode_response_deflated(bytes: &[u8]) -> Result<SavedResponse, CodecError> {
+    if bytes.is_empty() {
+        return Err(CodecError::Empty);
+    }
+    let encoded = miniz_oxide::inflate::decompress_to_vec_with_limit(bytes, ENCODED_RESPONSE_BYTES_MAX)
+        .map_err(|error| CodecError::Malformed(format!("deflated response: {error}")))?;
+    decode_response(&encoded)
+}
+
 /// Decodes and re-validates a stored response: its limits are checked again,
 /// as for any outside input.
 pub fn decode_response(bytes: &[u8]) -> Result<SavedResponse, CodecError> {
@@ -174,6 +211,69 @@ mod tests {
     fn the_committed_response_fixture_decodes_to_the_known_response() {
         assert_eq!(decode_response(RESPONSE_FIXTURE), Ok(fixture_response()));
         assert_eq!(encode_response(&fixture_response()), RESPONSE_FIXTURE);
+    }
+
+    const DEFLATED_RESPONSE_FIXTURE: &[u8] = include_bytes!("../tests/fixtures/response-v1-deflated.bin");
+
+    /// A deflater may write other bytes for the same input in another
+    /// version, so the fixture pins what a stored response inflates to, and
+    /// the encoder is checked by the round trip.
+    #[test]
+    fn the_committed_deflated_fixture_decodes_to_the_known_response() {
+        assert_eq!(
+            decode_response_deflated(DEFLATED_RESPONSE_FIXTURE),
+            Ok(fixture_response())
+        );
+        let deflated = encode_response_deflated(&fixture_response());
+        assert_eq!(decode_response_deflated(&deflated), Ok(fixture_response()));
+        assert!(deflated.len() < RESPONSE_FIXTURE.len(), "{} bytes", deflated.len());
+    }
+
+    #[test]
+    fn damaged_deflated_responses_are_errors_not_panics() {
+        assert_eq!(decode_response_deflated(&[]), Err(CodecError::Empty));
+        let fixture = DEFLATED_RESPONSE_FIXTURE;
+        assert!(matches!(
+            decode_response_deflated(&fixture[..fixture.len() - 1]),
+            Err(CodecError::Malformed(_))
+        ));
+        assert!(matches!(
+            decode_response_deflated(&[0xde, 0xad, 0xbe, 0xef]),
+            Err(CodecError::Malformed(_))
+        ));
+        // Deflated bytes that are not an encoded response.
+        let not_a_response = miniz_oxide::deflate::compress_to_vec(&[0, 1, 2], RESPONSE_DEFLATE_LEVEL);
+        assert_eq!(
+            decode_response_deflated(&not_a_response),
+            Err(CodecError::UnknownVersion(0))
+        );
+    }
+
+    /// A few bytes that inflate past any response within the limits are
+    /// refused once the limit is reached, not inflated to the end.
+    #[test]
+    fn a_deflated_response_that_inflates_past_the_limit_is_refused() {
+        let huge = vec![b'x'; ENCODED_RESPONSE_BYTES_MAX + 1];
+        let bomb = miniz_oxide::deflate::compress_to_vec(&huge, RESPONSE_DEFLATE_LEVEL);
+        assert!(bomb.len() < 4096, "{} bytes", bomb.len());
+        assert!(matches!(
+            decode_response_deflated(&bomb),
+            Err(CodecError::Malformed(message)) if message.contains("deflated response")
+        ));
+    }
+
+    #[test]
+    fn the_largest_response_within_the_limits_fits_the_inflate_limit() {
+        let header_value = "v".repeat(RESPONSE_HEADER_BYTES_MAX - 2);
+        let headers = (0..RESPONSE_HEADERS_COUNT_MAX)
+            .map(|index| (format!("h{}", (b'a' + index as u8) as char), header_value.clone()))
+            .collect();
+        let largest = SavedResponse::new(599, headers, vec![0xff; RESPONSE_BODY_BYTES_MAX]).unwrap();
+        assert!(encode_response(&largest).len() <= ENCODED_RESPONSE_BYTES_MAX);
+        assert_eq!(
+            decode_response_deflated(&encode_response_deflated(&largest)),
+            Ok(largest)
+        );
     }
 
     #[test]

@@ -29,7 +29,10 @@ pub use atomic::{AtomicCompletion, CompleteWithError, CompleteWithFuture, Comple
 pub use batch::{BatchError, BatchLimits, BatchRunner, Batcher, InvalidBatchLimits};
 pub use bulk::{BulkLoad, CompletedRecord, check_bulk_batch};
 pub use clock::{Clock, ManualClock, SharedClock, SystemClock};
-pub use codec::{CodecError, decode_record, decode_response, encode_record, encode_response};
+pub use codec::{
+    CodecError, ENCODED_RESPONSE_BYTES_MAX, decode_record, decode_response, decode_response_deflated, encode_record,
+    encode_response, encode_response_deflated,
+};
 pub use outcome::{Acquired, ClaimOutcome, ClaimRequest, Fenced, ForgetOutcome, HeldLease, PurgeReport};
 pub use store::{BoxError, IdempotencyStore, PURGE_BATCH_MAX, StoreError};
 pub use types::*;

@@ -12,7 +12,7 @@
 //! nothing.
 
 use crate::error::{pool_error, store_error};
-use crate::row::{RecordColumns, Slot};
+use crate::row::{RecordColumns, Slot, record_columns_written};
 use crate::store::PostgresStore;
 use async_trait::async_trait;
 use futures::pin_mut;
@@ -26,16 +26,18 @@ use tokio_postgres::types::{ToSql, Type};
 /// page reads; 5,000 rows are about 2.5 MB of data.
 pub const BULK_LOAD_ROWS_PER_COPY_MAX: usize = 5_000;
 
-/// The slot's two columns, then the record's in [`RecordColumns::params`]'
-/// order (`row.rs`'s `record_columns!`).
-const COPY_COMPLETED_RECORDS: &str = "COPY idempotency_keys (caller_id, idem_key, request_hash, state, \
-     locked_until, lease_token, recovery_point, response_status, response_header_names, \
-     response_header_values, response_body, completed_by, created_at, expires_at) FROM STDIN (FORMAT binary)";
+/// The slot's two columns, then the record's (`row.rs`'s
+/// `record_columns_written!`).
+const COPY_COMPLETED_RECORDS: &str = concat!(
+    "COPY idempotency_keys (caller_id, idem_key, ",
+    record_columns_written!(),
+    ") FROM STDIN (FORMAT binary)"
+);
 
 /// The binary form each column is sent in. The state is an enum, whose
 /// binary form is its label's text (PostgreSQL's `enum_recv`), so it is
 /// encoded as text.
-const COPY_COLUMN_TYPES: [Type; 14] = [
+const COPY_COLUMN_TYPES: [Type; 11] = [
     Type::TEXT,
     Type::BYTEA,
     Type::BYTEA,
@@ -43,9 +45,6 @@ const COPY_COLUMN_TYPES: [Type; 14] = [
     Type::TIMESTAMPTZ,
     Type::UUID,
     Type::BYTEA,
-    Type::INT4,
-    Type::TEXT_ARRAY,
-    Type::TEXT_ARRAY,
     Type::BYTEA,
     Type::UUID,
     Type::TIMESTAMPTZ,

@@ -61,7 +61,7 @@ pub struct OwnedRowEffect {
     /// The row's values as a select list, numbered from
     /// [`crate::ROW_EFFECT_FIRST_PARAMETER`].
     pub values: &'static str,
-    /// The values of `$9` onwards.
+    /// The values of `$6` onwards.
     pub params: Vec<Box<dyn ToSql + Send + Sync>>,
 }
 

@@ -78,13 +78,13 @@ pub struct RowEffect<'a> {
     /// decides whether the row is new (`ON CONFLICT DO NOTHING`).
     pub into: &'a str,
     /// The row's values as a select list, each cast to its column's type,
-    /// numbered from [`ROW_EFFECT_FIRST_PARAMETER`]: `"$9::text, $10::text"`.
+    /// numbered from [`ROW_EFFECT_FIRST_PARAMETER`]: `"$6::text, $7::text"`.
     pub values: &'a str,
-    /// The values of `$9` onwards.
+    /// The values of `$6` onwards.
     pub params: &'a [&'a (dyn ToSql + Sync)],
 }
 
-/// The first parameter number a [`RowEffect`]'s values use (`$1` to `$8`
+/// The first parameter number a [`RowEffect`]'s values use (`$1` to `$5`
 /// are the completion's own).
 pub const ROW_EFFECT_FIRST_PARAMETER: usize = one_statement::ROW_EFFECT_FIRST_PARAMETER;
 

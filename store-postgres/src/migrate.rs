@@ -62,6 +62,12 @@ pub const STORE_MIGRATIONS: &[Migration] = &[
         name: "autovacuum_for_a_day_of_keys",
         sql: include_str!("../migrations/0004_autovacuum_for_a_day_of_keys.sql"),
     },
+    Migration {
+        namespace: STORE_MIGRATION_NAMESPACE,
+        version: 5,
+        name: "saved_response_in_one_column",
+        sql: include_str!("../migrations/0005_saved_response_in_one_column.sql"),
+    },
 ];
 
 const CREATE_LEDGER: &str = "CREATE TABLE IF NOT EXISTS schema_migrations (

@@ -25,7 +25,10 @@ use crate::error::Attempt;
 use crate::row::{Slot, record_columns, record_from_row, time_column, token_to_uuid};
 use deadpool_postgres::GenericClient;
 use store_core::machine::{self, Found, Step, Write};
-use store_core::{ClaimOutcome, ClaimRequest, Fenced, HeldLease, Policy, RecoveryPoint, SavedResponse, StoreError};
+use store_core::{
+    ClaimOutcome, ClaimRequest, Fenced, HeldLease, Policy, RecoveryPoint, SavedResponse, StoreError,
+    encode_response_deflated,
+};
 use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
 
@@ -79,12 +82,13 @@ macro_rules! held_by_token {
 }
 
 /// What a completion writes (the machine's completed record), with the
-/// response in `$4` to `$7`, the token in `$3` and the retention in `$8`.
+/// deflated response in `$4`, the token in `$3` and the retention in `$5`.
+/// The record it completes is started, so the response's columns from
+/// before migration 0005 are null already.
 macro_rules! completion_columns {
     () => {
         "state = 'completed', locked_until = NULL, lease_token = NULL, recovery_point = NULL, \
-         response_status = $4, response_header_names = $5, response_header_values = $6, response_body = $7, \
-         completed_by = $3, expires_at = clock.now + $8::bigint * interval '1 millisecond'"
+         response = $4, completed_by = $3, expires_at = clock.now + $5::bigint * interval '1 millisecond'"
     };
 }
 
@@ -241,47 +245,39 @@ pub(crate) async fn fenced_write<C: GenericClient>(
     }
 }
 
-/// The parameters `$1` to `$8` of a completion ([`completion_columns!`]).
+/// The parameters `$1` to `$5` of a completion ([`completion_columns!`]).
 pub(crate) struct CompletionParams<'a> {
     slot: &'a Slot,
     token: uuid::Uuid,
-    status: i32,
-    names: Vec<&'a str>,
-    values: Vec<&'a str>,
-    body: &'a [u8],
+    /// [`store_core::encode_response_deflated`] of the response.
+    response: Vec<u8>,
     retention_ms: i64,
 }
 
 impl<'a> CompletionParams<'a> {
-    pub(crate) fn new(slot: &'a Slot, lease: &HeldLease, response: &'a SavedResponse, policy: &Policy) -> Self {
+    pub(crate) fn new(slot: &'a Slot, lease: &HeldLease, response: &SavedResponse, policy: &Policy) -> Self {
         Self {
             slot,
             token: token_to_uuid(lease.token),
-            status: i32::from(response.status()),
-            names: response.headers().iter().map(|(name, _)| name.as_str()).collect(),
-            values: response.headers().iter().map(|(_, value)| value.as_str()).collect(),
-            body: response.body(),
+            response: encode_response_deflated(response),
             retention_ms: bigint_ms(policy.retention_ms()),
         }
     }
 
-    pub(crate) fn params(&self) -> [&(dyn ToSql + Sync); 8] {
+    pub(crate) fn params(&self) -> [&(dyn ToSql + Sync); 5] {
         [
             &self.slot.caller,
             &self.slot.key_digest,
             &self.token,
-            &self.status,
-            &self.names,
-            &self.values,
-            &self.body,
+            &self.response,
             &self.retention_ms,
         ]
     }
 }
 
-/// The first parameter number a row effect's values use: `$1` to `$8` are
+/// The first parameter number a row effect's values use: `$1` to `$5` are
 /// the completion's.
-pub(crate) const ROW_EFFECT_FIRST_PARAMETER: usize = 9;
+pub(crate) const ROW_EFFECT_FIRST_PARAMETER: usize = 6;
 
 /// A completion and a one-row effect in one statement: the record is locked
 /// and read (`previous`), the row is inserted only if this token holds the

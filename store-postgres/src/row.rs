@@ -7,22 +7,42 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use store_core::{
     CallerId, CodecError, Fingerprint, IdempotencyKey, KeyDigest, Lease, LeaseToken, Record, RecordState,
-    RecoveryPoint, SavedResponse, StoreError,
+    RecoveryPoint, SavedResponse, StoreError, decode_response_deflated, encode_response_deflated,
 };
 use tokio_postgres::Row;
 use tokio_postgres::types::{FromSql, ToSql};
 use uuid::Uuid;
 
-/// The columns that hold a record, in the order of [`RecordColumns::params`]
-/// after the two key columns. The state is read as text because the driver
-/// has no Rust type for the enum.
+/// The columns a record is read from. The state is read as text because
+/// the driver has no Rust type for the enum. The last four held a completed
+/// row's response before migration 0005 (now `response`): a row written
+/// before it is read from them until it expires.
 macro_rules! record_columns {
     () => {
-        "request_hash, state::text AS state, locked_until, lease_token, recovery_point, response_status, \
-         response_header_names, response_header_values, response_body, completed_by, created_at, expires_at"
+        "request_hash, state::text AS state, locked_until, lease_token, recovery_point, response, completed_by, \
+         created_at, expires_at, response_status, response_header_names, response_header_values, response_body"
     };
 }
 pub(crate) use record_columns;
+
+/// The columns a record is written to, in the order of
+/// [`RecordColumns::params`].
+macro_rules! record_columns_written {
+    () => {
+        "request_hash, state, locked_until, lease_token, recovery_point, response, completed_by, created_at, expires_at"
+    };
+}
+pub(crate) use record_columns_written;
+
+/// What a write of a whole record sets the four columns of migration
+/// 0005's earlier form to: nothing, since the record's response, if any, is
+/// in `response`.
+macro_rules! earlier_response_columns_cleared {
+    () => {
+        "response_status = NULL, response_header_names = NULL, response_header_values = NULL, response_body = NULL"
+    };
+}
+pub(crate) use earlier_response_columns_cleared;
 
 pub(crate) const STATE_STARTED: &str = "started";
 pub(crate) const STATE_COMPLETED: &str = "completed";
@@ -76,10 +96,8 @@ pub(crate) struct RecordColumns<'a> {
     locked_until: Option<SystemTime>,
     lease_token: Option<Uuid>,
     recovery_point: Option<&'a [u8]>,
-    response_status: Option<i32>,
-    response_header_names: Option<Vec<&'a str>>,
-    response_header_values: Option<Vec<&'a str>>,
-    response_body: Option<&'a [u8]>,
+    /// [`store_core::encode_response_deflated`] of the saved response.
+    response: Option<Vec<u8>>,
     completed_by: Option<Uuid>,
     created_at: SystemTime,
     expires_at: SystemTime,
@@ -93,10 +111,7 @@ impl<'a> RecordColumns<'a> {
             locked_until: None,
             lease_token: None,
             recovery_point: None,
-            response_status: None,
-            response_header_names: None,
-            response_header_values: None,
-            response_body: None,
+            response: None,
             completed_by: None,
             created_at: ms_to_time(record.created_at_ms),
             expires_at: ms_to_time(record.expires_at_ms),
@@ -109,28 +124,23 @@ impl<'a> RecordColumns<'a> {
             }
             RecordState::Completed { response, completed_by } => {
                 columns.state = STATE_COMPLETED;
-                columns.response_status = Some(i32::from(response.status()));
-                columns.response_header_names = Some(response.headers().iter().map(|(n, _)| n.as_str()).collect());
-                columns.response_header_values = Some(response.headers().iter().map(|(_, v)| v.as_str()).collect());
-                columns.response_body = Some(response.body());
+                columns.response = Some(encode_response_deflated(response));
                 columns.completed_by = Some(token_to_uuid(*completed_by));
             }
         }
         columns
     }
 
-    /// The twelve record columns as statement parameters.
-    pub fn params(&self) -> [&(dyn ToSql + Sync); 12] {
+    /// The nine record columns as statement parameters, in the order of
+    /// [`record_columns_written!`].
+    pub fn params(&self) -> [&(dyn ToSql + Sync); 9] {
         [
             &self.request_hash,
             &self.state,
             &self.locked_until,
             &self.lease_token,
             &self.recovery_point,
-            &self.response_status,
-            &self.response_header_names,
-            &self.response_header_values,
-            &self.response_body,
+            &self.response,
             &self.completed_by,
             &self.created_at,
             &self.expires_at,
@@ -210,20 +220,28 @@ fn started_state(row: &Row) -> Result<RecordState, StoreError> {
 }
 
 fn completed_state(row: &Row) -> Result<RecordState, StoreError> {
+    let deflated: Option<Vec<u8>> = column(row, "response")?;
+    let response = match deflated {
+        Some(deflated) => decode_response_deflated(&deflated).map_err(StoreError::Corrupt)?,
+        None => response_in_earlier_columns(row)?,
+    };
+    let completed_by: Uuid = required(column(row, "completed_by")?, "completed_by")?;
+    Ok(RecordState::Completed {
+        response,
+        completed_by: uuid_to_token(completed_by),
+    })
+}
+
+/// The response of a row written before migration 0005, in four columns.
+fn response_in_earlier_columns(row: &Row) -> Result<SavedResponse, StoreError> {
     let status: i32 = required(column(row, "response_status")?, "response_status")?;
     let names: Vec<String> = required(column(row, "response_header_names")?, "response_header_names")?;
     let values: Vec<String> = required(column(row, "response_header_values")?, "response_header_values")?;
     let body: Vec<u8> = required(column(row, "response_body")?, "response_body")?;
-    let completed_by: Uuid = required(column(row, "completed_by")?, "completed_by")?;
     if names.len() != values.len() {
         return Err(corrupt("response header names and values differ in number"));
     }
     let status = u16::try_from(status).map_err(|_| corrupt(format!("response_status {status} is out of range")))?;
     let headers = names.into_iter().zip(values).collect();
-    let response =
-        SavedResponse::new(status, headers, body).map_err(|error| StoreError::Corrupt(CodecError::Invalid(error)))?;
-    Ok(RecordState::Completed {
-        response,
-        completed_by: uuid_to_token(completed_by),
-    })
+    SavedResponse::new(status, headers, body).map_err(|error| StoreError::Corrupt(CodecError::Invalid(error)))
 }

@@ -20,7 +20,10 @@ use crate::effect::completion_batch_error;
 use crate::error::{Attempt, RETRY_BACKOFF_MS_MAX, TRANSACTION_ATTEMPTS_MAX};
 use crate::notify::ChangeListener;
 use crate::one_statement::{self, FencedWrite};
-use crate::row::{RecordColumns, Slot, guard_of, record_columns, record_from_row, time_column};
+use crate::row::{
+    RecordColumns, Slot, earlier_response_columns_cleared, guard_of, record_columns, record_columns_written,
+    record_from_row, time_column,
+};
 use async_trait::async_trait;
 use deadpool_postgres::{GenericClient, Pool};
 use std::future::Future;
@@ -51,31 +54,45 @@ const SELECT_RECORD: &str = concat!(
     " FROM idempotency_keys WHERE caller_id = $1 AND idem_key = $2"
 );
 
-const INSERT_RECORD: &str = "INSERT INTO idempotency_keys (caller_id, idem_key, request_hash, state, \
-     locked_until, lease_token, recovery_point, response_status, response_header_names, response_header_values, \
-     response_body, completed_by, created_at, expires_at) \
-     VALUES ($1, $2, $3, $4::text::idempotency_state, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) \
-     ON CONFLICT (caller_id, idem_key) DO NOTHING";
+const INSERT_RECORD: &str = concat!(
+    "INSERT INTO idempotency_keys (caller_id, idem_key, ",
+    record_columns_written!(),
+    ") VALUES ($1, $2, $3, $4::text::idempotency_state, $5, $6, $7, $8, $9, $10, $11) \
+     ON CONFLICT (caller_id, idem_key) DO NOTHING"
+);
+
+/// The SET list of a write of the whole record, from `$3`.
+macro_rules! whole_record {
+    () => {
+        concat!(
+            "request_hash = $3, state = $4::text::idempotency_state, locked_until = $5, lease_token = $6, \
+             recovery_point = $7, response = $8, completed_by = $9, created_at = $10, expires_at = $11, ",
+            earlier_response_columns_cleared!()
+        )
+    };
+}
+
+/// Its guard: the state and token the record was read with, in `$12`, `$13`.
+macro_rules! as_read {
+    () => {
+        " WHERE caller_id = $1 AND idem_key = $2 \
+           AND state = $12::text::idempotency_state AND lease_token IS NOT DISTINCT FROM $13"
+    };
+}
 
 /// Replaces the whole record, guarded by the state and token it was read
 /// with: under the row lock the guard always holds, and if it ever did not,
 /// the write would change nothing and be reported instead of overwriting.
-const UPDATE_RECORD: &str = "UPDATE idempotency_keys SET request_hash = $3, \
-     state = $4::text::idempotency_state, locked_until = $5, lease_token = $6, recovery_point = $7, \
-     response_status = $8, response_header_names = $9, response_header_values = $10, response_body = $11, \
-     completed_by = $12, created_at = $13, expires_at = $14 \
-     WHERE caller_id = $1 AND idem_key = $2 \
-       AND state = $15::text::idempotency_state AND lease_token IS NOT DISTINCT FROM $16";
+const UPDATE_RECORD: &str = concat!("UPDATE idempotency_keys SET ", whole_record!(), as_read!());
 
 /// [`UPDATE_RECORD`] that fails (division by zero) unless it replaced exactly
 /// one row: pipelined before `COMMIT`, a miss must abort the transaction.
-pub(crate) const UPDATE_RECORD_OR_FAIL: &str = "WITH updated AS (UPDATE idempotency_keys SET request_hash = $3, \
-     state = $4::text::idempotency_state, locked_until = $5, lease_token = $6, recovery_point = $7, \
-     response_status = $8, response_header_names = $9, response_header_values = $10, response_body = $11, \
-     completed_by = $12, created_at = $13, expires_at = $14 \
-     WHERE caller_id = $1 AND idem_key = $2 \
-       AND state = $15::text::idempotency_state AND lease_token IS NOT DISTINCT FROM $16 RETURNING 1) \
-     SELECT 1 / (SELECT count(*)::int FROM updated) AS replaced";
+pub(crate) const UPDATE_RECORD_OR_FAIL: &str = concat!(
+    "WITH updated AS (UPDATE idempotency_keys SET ",
+    whole_record!(),
+    as_read!(),
+    " RETURNING 1) SELECT 1 / (SELECT count(*)::int FROM updated) AS replaced"
+);
 
 const DELETE_RECORD: &str = "DELETE FROM idempotency_keys WHERE caller_id = $1 AND idem_key = $2 \
        AND state = $3::text::idempotency_state AND lease_token IS NOT DISTINCT FROM $4";

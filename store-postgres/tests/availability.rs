@@ -138,7 +138,7 @@ async fn a_corrupt_row_is_a_typed_error_not_a_panic() {
     assert!(store.complete(&lease, response(1)).await.unwrap().is_applied());
     let client = raw_client(&database.url).await;
     client
-        .execute("UPDATE idempotency_keys SET response_status = 999", &[])
+        .execute("UPDATE idempotency_keys SET response = '\\xdeadbeef'", &[])
         .await
         .expect("corrupt the row");
     assert!(matches!(store.claim(&request).await, Err(StoreError::Corrupt(_))));

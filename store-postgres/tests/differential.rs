@@ -62,6 +62,9 @@ enum Initial {
         by: LeaseToken,
         expired: bool,
         same_body: bool,
+        /// Its response in the four columns a row written before migration
+        /// 0005 has, instead of deflated in `response`.
+        earlier_columns: bool,
     },
 }
 
@@ -105,10 +108,13 @@ fn initial() -> impl Strategy<Value = Initial> {
                 same_body
             }
         ),
-        (token(), any::<bool>(), any::<bool>()).prop_map(|(by, expired, same_body)| Initial::Completed {
-            by,
-            expired,
-            same_body
+        (token(), any::<bool>(), any::<bool>(), any::<bool>()).prop_map(|(by, expired, same_body, earlier_columns)| {
+            Initial::Completed {
+                by,
+                expired,
+                same_body,
+                earlier_columns,
+            }
         }),
     ]
 }
@@ -159,7 +165,9 @@ fn record_of(initial: &Initial, now_ms: u64) -> Option<Record> {
             let recovery_point = with_point.then(point);
             (RecordState::Started { lease, recovery_point }, *expired, *same_body)
         }
-        Initial::Completed { by, expired, same_body } => (
+        Initial::Completed {
+            by, expired, same_body, ..
+        } => (
             RecordState::Completed {
                 response: saved("first"),
                 completed_by: *by,
@@ -191,17 +199,23 @@ fn timestamp(ms: u64) -> std::time::SystemTime {
     std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms)
 }
 
-/// Writes `record` the way another client would, column by column.
-async fn insert_raw(client: &Client, caller: &CallerId, key: &IdempotencyKey, record: &Record) {
-    let (state, locked_until, token, point, status, names, values, body, completed_by) = match &record.state {
+/// Writes `record` the way another client would, column by column: a
+/// completed one's response deflated in `response`, or, for `initial`s
+/// that say so, in the four columns of a row written before migration 0005.
+async fn insert_raw(client: &Client, caller: &CallerId, key: &IdempotencyKey, record: &Record, initial: &Initial) {
+    let earlier_columns = matches!(
+        initial,
+        Initial::Completed {
+            earlier_columns: true,
+            ..
+        }
+    );
+    let (state, locked_until, token, point, response, completed_by) = match &record.state {
         RecordState::Started { lease, recovery_point } => (
             "started",
             Some(timestamp(lease.locked_until_ms)),
             Some(Uuid::from_u128(lease.token.0)),
             recovery_point.as_ref().map(|point| point.as_bytes().to_vec()),
-            None,
-            None,
-            None,
             None,
             None,
         ),
@@ -210,31 +224,36 @@ async fn insert_raw(client: &Client, caller: &CallerId, key: &IdempotencyKey, re
             None,
             None,
             None,
-            Some(i32::from(response.status())),
-            Some(
-                response
-                    .headers()
-                    .iter()
-                    .map(|(name, _)| name.clone())
-                    .collect::<Vec<_>>(),
-            ),
-            Some(
-                response
-                    .headers()
-                    .iter()
-                    .map(|(_, value)| value.clone())
-                    .collect::<Vec<_>>(),
-            ),
-            Some(response.body().to_vec()),
+            Some(response),
             Some(Uuid::from_u128(completed_by.0)),
         ),
     };
+    let deflated = response
+        .filter(|_| !earlier_columns)
+        .map(store_core::encode_response_deflated);
+    let earlier = response.filter(|_| earlier_columns);
+    let status = earlier.map(|response| i32::from(response.status()));
+    let names = earlier.map(|response| {
+        response
+            .headers()
+            .iter()
+            .map(|(name, _)| name.clone())
+            .collect::<Vec<_>>()
+    });
+    let values = earlier.map(|response| {
+        response
+            .headers()
+            .iter()
+            .map(|(_, value)| value.clone())
+            .collect::<Vec<_>>()
+    });
+    let body = earlier.map(|response| response.body().to_vec());
     client
         .execute(
             "INSERT INTO idempotency_keys (caller_id, idem_key, request_hash, state, locked_until, lease_token, \
-             recovery_point, response_status, response_header_names, response_header_values, response_body, \
-             completed_by, created_at, expires_at) \
-             VALUES ($1, $2, $3, $4::text::idempotency_state, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
+             recovery_point, response, completed_by, created_at, expires_at, response_status, \
+             response_header_names, response_header_values, response_body) \
+             VALUES ($1, $2, $3, $4::text::idempotency_state, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)",
             &[
                 &caller.as_str(),
                 &key.digest().0.as_slice(),
@@ -243,13 +262,14 @@ async fn insert_raw(client: &Client, caller: &CallerId, key: &IdempotencyKey, re
                 &locked_until,
                 &token,
                 &point,
+                &deflated,
+                &completed_by,
+                &timestamp(record.created_at_ms),
+                &timestamp(record.expires_at_ms),
                 &status,
                 &names,
                 &values,
                 &body,
-                &completed_by,
-                &timestamp(record.created_at_ms),
-                &timestamp(record.expires_at_ms),
             ],
         )
         .await
@@ -420,7 +440,7 @@ async fn run_case(store: &store_postgres::PostgresStore, client: &Client, initia
     let record = record_of(&initial, setup_now_ms);
     match (&initial, &record) {
         (Initial::Tombstone, _) => insert_tombstone(client, &caller, &key, setup_now_ms).await,
-        (_, Some(record)) => insert_raw(client, &caller, &key, record).await,
+        (_, Some(record)) => insert_raw(client, &caller, &key, record, &initial).await,
         _ => {}
     }
     let found = match (&initial, &record) {
@@ -469,11 +489,11 @@ async fn complete_with_row(
     lease: &HeldLease,
     key: &IdempotencyKey,
 ) -> RowCompletion {
-    assert_eq!(ROW_EFFECT_FIRST_PARAMETER, 9);
+    assert_eq!(ROW_EFFECT_FIRST_PARAMETER, 6);
     let key_name = key.as_str();
     let row = RowEffect {
         into: "differential_effect_rows (key_name, made_by)",
-        values: "$9::text, 'this key'",
+        values: "$6::text, 'this key'",
         params: &[&key_name],
     };
     store
@@ -650,7 +670,7 @@ async fn set_up_keys(client: &Client, caller: &CallerId, keys: &[IdempotencyKey]
                 Known::Tombstone
             }
             (_, Some(record)) => {
-                insert_raw(client, caller, key, &record).await;
+                insert_raw(client, caller, key, &record, initial).await;
                 Known::Record(record)
             }
             (_, None) => Known::Nothing,
@@ -790,6 +810,7 @@ async fn a_batch_decides_each_claim_by_its_own_row() {
             by: OTHER,
             expired: false,
             same_body: true,
+            earlier_columns: true,
         },
         Initial::Started {
             holder: OTHER,
@@ -811,6 +832,7 @@ async fn a_batch_decides_each_claim_by_its_own_row() {
             by: OTHER,
             expired: false,
             same_body: false,
+            earlier_columns: false,
         },
     ];
     let keys: Vec<IdempotencyKey> = (0..initial.len()).map(|_| new_key("mixed")).collect();
@@ -901,7 +923,7 @@ fn batch_completions() -> impl Strategy<Value = Vec<BatchCompletionCase>> {
 fn owned_effect_row(row_key: &str, made_by: &str) -> OwnedRowEffect {
     OwnedRowEffect {
         into: "differential_effect_rows (key_name, made_by)",
-        values: "$9::text, $10::text",
+        values: "$6::text, $7::text",
         params: vec![Box::new(row_key.to_owned()), Box::new(made_by.to_owned())],
     }
 }
@@ -1087,6 +1109,7 @@ async fn a_completion_batch_fences_each_row_by_its_own_token() {
             by: HOLDER,
             expired: false,
             same_body: true,
+            earlier_columns: false,
         },
         // Its effect row is already there.
         started(HOLDER, true),
@@ -1363,7 +1386,7 @@ async fn a_refused_row_fails_its_own_completion_and_no_other() {
                 response: saved("refused"),
                 row: OwnedRowEffect {
                     into: "differential_effect_rows (key_name, made_by)",
-                    values: "$9::text, $10::text",
+                    values: "$6::text, $7::text",
                     params: vec![Box::new(key.as_str().to_owned()), Box::new(made_by)],
                 },
             }

@@ -1,6 +1,7 @@
 //! Forgetting an unreadable record on PostgreSQL. The table's constraints
 //! keep out half-written rows, but a row can still satisfy them and not be
-//! a record this build reads (a status outside 100-599, a time before
+//! a record this build reads (a status outside 100-599, a response that
+//! does not inflate, a time before
 //! 1970, a field past its limit: a hand edit, another tool, a later
 //! version's limits). Such a row is deleted, and only such a row.
 
@@ -43,6 +44,12 @@ async fn edit_row(client: &tokio_postgres::Client, sql: &str, caller: &CallerId,
     assert_eq!(changed, 1, "{sql}");
 }
 
+/// The response in the four columns of a row written before migration
+/// 0005, with a status no build writes.
+const EARLIER_COLUMNS_WITH_STATUS_42: &str = "UPDATE idempotency_keys SET response = NULL, response_status = 42, \
+     response_header_names = '{}', response_header_values = '{}', response_body = '' \
+     WHERE caller_id = $1 AND idem_key = $2";
+
 #[tokio::test]
 async fn a_completed_row_with_a_status_outside_100_to_599_is_forgotten() {
     let database = fresh_database().await;
@@ -50,7 +57,18 @@ async fn a_completed_row_with_a_status_outside_100_to_599_is_forgotten() {
     let client = raw_client(&database.url).await;
     let caller = unique_caller();
     record(&store, &caller, "k", true).await;
-    let sql = "UPDATE idempotency_keys SET response_status = 42 WHERE caller_id = $1 AND idem_key = $2";
+    edit_row(&client, EARLIER_COLUMNS_WITH_STATUS_42, &caller, "k").await;
+    forget_deletes_an_unreadable_record_and_frees_its_key(&store, &caller, "k", "a").await;
+}
+
+#[tokio::test]
+async fn a_completed_row_whose_response_does_not_inflate_is_forgotten() {
+    let database = fresh_database().await;
+    let store = database.migrated_store(policy(), &[]).await.unwrap();
+    let client = raw_client(&database.url).await;
+    let caller = unique_caller();
+    record(&store, &caller, "k", true).await;
+    let sql = "UPDATE idempotency_keys SET response = '\\xdeadbeef' WHERE caller_id = $1 AND idem_key = $2";
     edit_row(&client, sql, &caller, "k").await;
     forget_deletes_an_unreadable_record_and_frees_its_key(&store, &caller, "k", "a").await;
 }
@@ -79,11 +97,18 @@ async fn a_row_repaired_while_forget_waits_for_its_lock_is_kept() {
     let caller = unique_caller();
     record(&store, &caller, "k", true).await;
     let digest = claim_request(&caller, "k", "a").key.digest();
-    let broken = "UPDATE idempotency_keys SET response_status = 42 WHERE caller_id = $1 AND idem_key = $2";
+    // A byte in front of the deflated response breaks it; taking it off
+    // repairs it.
+    let broken = "UPDATE idempotency_keys SET response = '\\x00' || response WHERE caller_id = $1 AND idem_key = $2";
     edit_row(&editor, broken, &caller, "k").await;
+    assert!(matches!(
+        store.claim(&claim_request(&caller, "k", "a")).await,
+        Err(store_core::StoreError::Corrupt(_))
+    ));
 
     editor.batch_execute("BEGIN").await.unwrap();
-    let repaired = "UPDATE idempotency_keys SET response_status = 201 WHERE caller_id = $1 AND idem_key = $2";
+    let repaired = "UPDATE idempotency_keys SET response = substring(response FROM 2) \
+                    WHERE caller_id = $1 AND idem_key = $2";
     edit_row(&editor, repaired, &caller, "k").await;
     let forgetting = {
         let (store, caller) = (store.clone(), caller.clone());

@@ -4,7 +4,8 @@
 mod common;
 
 use common::{LABELS_MIGRATION, count, fresh_database, raw_client};
-use store_core::Policy;
+use store_core::testkit::{claim_request, response, unique_caller};
+use store_core::{ClaimOutcome, IdempotencyStore, Policy};
 use store_postgres::{MigrateError, Migration, PostgresStore, STORE_MIGRATIONS};
 
 /// Concurrent runners in the concurrency test, each with its own pool.
@@ -178,4 +179,90 @@ async fn the_table_refuses_a_half_written_record() {
         .await
         .expect_err("a completed row without a response");
     assert_eq!(error.code(), Some(&tokio_postgres::error::SqlState::CHECK_VIOLATION));
+}
+
+/// A database a build before migration 0005 left, holding a completed
+/// record with its response in the four columns of that time, goes through
+/// 0005 with its row unchanged: the record still replays, and a new
+/// completion is written in the one column.
+#[tokio::test]
+async fn a_record_written_before_the_response_went_into_one_column_still_replays() {
+    let database = fresh_database().await;
+    let client = raw_client(&database.url).await;
+    let before_0005 = STORE_MIGRATIONS.iter().filter(|migration| migration.version < 5);
+    client
+        .batch_execute(
+            "CREATE TABLE schema_migrations (namespace text NOT NULL, version integer NOT NULL, \
+             name text NOT NULL, checksum bytea NOT NULL, applied_at timestamptz NOT NULL DEFAULT now(), \
+             PRIMARY KEY (namespace, version))",
+        )
+        .await
+        .expect("the ledger");
+    for migration in before_0005 {
+        client.batch_execute(migration.sql).await.expect("an earlier migration");
+        client
+            .execute(
+                "INSERT INTO schema_migrations (namespace, version, name, checksum) \
+                 VALUES ($1, $2, $3, sha256(convert_to($4, 'UTF8')))",
+                &[
+                    &migration.namespace,
+                    &(migration.version as i32),
+                    &migration.name,
+                    &migration.sql,
+                ],
+            )
+            .await
+            .expect("its ledger row");
+    }
+    let caller = unique_caller();
+    let earlier = claim_request(&caller, "earlier", "a");
+    let saved = response(1);
+    let names: Vec<&str> = saved.headers().iter().map(|(name, _)| name.as_str()).collect();
+    let values: Vec<&str> = saved.headers().iter().map(|(_, value)| value.as_str()).collect();
+    client
+        .execute(
+            "INSERT INTO idempotency_keys (caller_id, idem_key, request_hash, state, response_status, \
+             response_header_names, response_header_values, response_body, completed_by, created_at, expires_at) \
+             VALUES ($1, $2, $3, 'completed', $4, $5, $6, $7, gen_random_uuid(), now(), now() + interval '1 hour')",
+            &[
+                &caller.as_str(),
+                &earlier.key.digest().0.as_slice(),
+                &earlier.fingerprint.0.as_slice(),
+                &i32::from(saved.status()),
+                &names,
+                &values,
+                &saved.body(),
+            ],
+        )
+        .await
+        .expect("a row as a build before 0005 wrote it");
+
+    let store = PostgresStore::new(&database.config(), Policy::default()).expect("valid config");
+    let report = store.migrate(&[]).await.expect("migrate");
+    assert_eq!(
+        report
+            .applied
+            .iter()
+            .map(|migration| migration.version)
+            .collect::<Vec<_>>(),
+        [5]
+    );
+    assert_eq!(store.claim(&earlier).await.unwrap(), ClaimOutcome::Replay(response(1)));
+
+    let later = claim_request(&caller, "later", "a");
+    let ClaimOutcome::Acquired(acquired) = store.claim(&later).await.unwrap() else {
+        panic!("later was not acquired");
+    };
+    assert!(store.complete(&acquired.lease, response(2)).await.unwrap().is_applied());
+    let forms = client
+        .query(
+            "SELECT response IS NOT NULL AS in_one_column, response_status IS NOT NULL AS in_four \
+             FROM idempotency_keys WHERE caller_id = $1 ORDER BY created_at",
+            &[&caller.as_str()],
+        )
+        .await
+        .expect("the rows' forms");
+    let forms: Vec<(bool, bool)> = forms.iter().map(|row| (row.get(0), row.get(1))).collect();
+    assert_eq!(forms, [(false, true), (true, false)]);
+    assert_eq!(store.claim(&later).await.unwrap(), ClaimOutcome::Replay(response(2)));
 }

@@ -10,17 +10,23 @@ use crate::engine::Workload;
 use crate::recorder::Outcome;
 use futures::future::BoxFuture;
 use std::sync::Arc;
+use std::sync::LazyLock;
 use store_core::{AtomicCompletion, ClaimOutcome, CompleteWithError, Completion, IdempotencyStore, Policy};
 use store_postgres::testkit::{PostgresServer, ServerDurability};
-use store_postgres::{Migration, OwnedRowEffect, PostgresConfig, PostgresStore, RowCompletion};
+use store_postgres::{
+    Migration, OwnedRowEffect, PostgresConfig, PostgresStore, ROW_EFFECT_FIRST_PARAMETER, RowCompletion,
+};
 use store_registry::{OpenedStore, StoreConfig, StoreKind};
 
 /// The intents' effect: one label row, with the completion.
 const BENCH_LABEL_INSERT: &str = "INSERT INTO bench_labels (order_id, parcel_no, label_id) VALUES ($1, $2, $3)";
 const BENCH_LABEL_ROW: &str = "bench_labels (order_id, parcel_no, label_id)";
-/// The same row as `complete_with_row`'s effect (parameters from `$9`,
-/// `store_postgres::ROW_EFFECT_FIRST_PARAMETER`).
-const BENCH_LABEL_VALUES: &str = "$9::bigint, $10::integer, $11::text";
+/// The same row as `complete_with_row`'s effect, its parameters numbered
+/// from `store_postgres::ROW_EFFECT_FIRST_PARAMETER`.
+static BENCH_LABEL_VALUES: LazyLock<String> = LazyLock::new(|| {
+    let first = ROW_EFFECT_FIRST_PARAMETER;
+    format!("${first}::bigint, ${}::integer, ${}::text", first + 1, first + 2)
+});
 /// The raw baseline's statement, prepared once per connection like the store's.
 const RAW_INSERT: &str = "INSERT INTO bench_raw (k, v) VALUES ($1, $2) ON CONFLICT DO NOTHING";
 
@@ -142,7 +148,7 @@ async fn run_intent(store: &PostgresStore, inputs: &IntentInputs, index: u64) ->
     // transaction when the lease or the row says otherwise.
     let row = OwnedRowEffect {
         into: BENCH_LABEL_ROW,
-        values: BENCH_LABEL_VALUES,
+        values: BENCH_LABEL_VALUES.as_str(),
         params: vec![Box::new(order_id), Box::new(parcel_no), Box::new(label_id.clone())],
     };
     match store.complete_with_row_in_batch(&lease, response, row).await {

@@ -225,7 +225,7 @@ async fn forget_unreadable_record_clears_a_key_of_postgres() {
     let digest = claim_request(&caller(), KEY, BODY).key.digest().0.to_vec();
     let changed = connection
         .execute(
-            "UPDATE idempotency_keys SET response_status = 42 WHERE caller_id = $1 AND idem_key = $2",
+            "UPDATE idempotency_keys SET response = '\\xdeadbeef' WHERE caller_id = $1 AND idem_key = $2",
             &[&CALLER, &digest],
         )
         .await
