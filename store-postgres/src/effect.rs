@@ -159,13 +159,7 @@ impl PostgresStore {
         let Some(completions) = &self.completions else {
             return Ok(BatchedCompletion::Alone(CompletionEffect::Row(row)));
         };
-        let item = CompletionItem {
-            slot: Slot::new(&lease.caller, &lease.key),
-            lease: lease.clone(),
-            response: response.clone(),
-            policy: self.policy,
-            effect: CompletionEffect::Row(row),
-        };
+        let item = CompletionItem::new(lease, response.clone(), self.policy, CompletionEffect::Row(row));
         completions.submit(item).await.map_err(completion_batch_error)
     }
 

@@ -231,7 +231,8 @@ pub(crate) async fn fenced_write<C: GenericClient>(
             fenced(client, CHECKPOINT, &params, step).await
         }
         FencedWrite::Complete(response) => {
-            let completion = CompletionParams::new(slot, lease, response, policy);
+            let deflated = encode_response_deflated(response);
+            let completion = CompletionParams::new(slot, lease, &deflated, policy);
             fenced(client, COMPLETE, &completion.params(), step).await
         }
         FencedWrite::Release => {
@@ -249,17 +250,17 @@ pub(crate) async fn fenced_write<C: GenericClient>(
 pub(crate) struct CompletionParams<'a> {
     slot: &'a Slot,
     token: uuid::Uuid,
-    /// [`store_core::encode_response_deflated`] of the response.
-    response: Vec<u8>,
+    /// [`encode_response_deflated`] of the response.
+    response: &'a [u8],
     retention_ms: i64,
 }
 
 impl<'a> CompletionParams<'a> {
-    pub(crate) fn new(slot: &'a Slot, lease: &HeldLease, response: &SavedResponse, policy: &Policy) -> Self {
+    pub(crate) fn new(slot: &'a Slot, lease: &HeldLease, response_deflated: &'a [u8], policy: &Policy) -> Self {
         Self {
             slot,
             token: token_to_uuid(lease.token),
-            response: encode_response_deflated(response),
+            response: response_deflated,
             retention_ms: bigint_ms(policy.retention_ms()),
         }
     }
@@ -329,7 +330,8 @@ pub(crate) async fn complete_with_row<C: GenericClient>(
     let statement = client
         .prepare_cached(&completion_with_row_statement(into, values))
         .await?;
-    let completion = CompletionParams::new(slot, lease, response, policy);
+    let deflated = encode_response_deflated(response);
+    let completion = CompletionParams::new(slot, lease, &deflated, policy);
     let mut params: Vec<&(dyn ToSql + Sync)> = completion.params().to_vec();
     params.extend_from_slice(row_params);
     let row = match client.query_one(&statement, &params).await {

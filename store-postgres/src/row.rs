@@ -34,16 +34,6 @@ macro_rules! record_columns_written {
 }
 pub(crate) use record_columns_written;
 
-/// What a write of a whole record sets the four columns of migration
-/// 0005's earlier form to: nothing, since the record's response, if any, is
-/// in `response`.
-macro_rules! earlier_response_columns_cleared {
-    () => {
-        "response_status = NULL, response_header_names = NULL, response_header_values = NULL, response_body = NULL"
-    };
-}
-pub(crate) use earlier_response_columns_cleared;
-
 pub(crate) const STATE_STARTED: &str = "started";
 pub(crate) const STATE_COMPLETED: &str = "completed";
 

@@ -20,10 +20,7 @@ use crate::effect::completion_batch_error;
 use crate::error::{Attempt, RETRY_BACKOFF_MS_MAX, TRANSACTION_ATTEMPTS_MAX};
 use crate::notify::ChangeListener;
 use crate::one_statement::{self, FencedWrite};
-use crate::row::{
-    RecordColumns, Slot, earlier_response_columns_cleared, guard_of, record_columns, record_columns_written,
-    record_from_row, time_column,
-};
+use crate::row::{RecordColumns, Slot, guard_of, record_columns, record_columns_written, record_from_row, time_column};
 use async_trait::async_trait;
 use deadpool_postgres::{GenericClient, Pool};
 use std::future::Future;
@@ -61,14 +58,14 @@ const INSERT_RECORD: &str = concat!(
      ON CONFLICT (caller_id, idem_key) DO NOTHING"
 );
 
-/// The SET list of a write of the whole record, from `$3`.
+/// The SET list of a write of the whole record, from `$3`. The four
+/// columns a row written before migration 0005 keeps its response in are
+/// cleared: the record's response, if any, is in `response` now.
 macro_rules! whole_record {
     () => {
-        concat!(
-            "request_hash = $3, state = $4::text::idempotency_state, locked_until = $5, lease_token = $6, \
-             recovery_point = $7, response = $8, completed_by = $9, created_at = $10, expires_at = $11, ",
-            earlier_response_columns_cleared!()
-        )
+        "request_hash = $3, state = $4::text::idempotency_state, locked_until = $5, lease_token = $6, \
+         recovery_point = $7, response = $8, completed_by = $9, created_at = $10, expires_at = $11, \
+         response_status = NULL, response_header_names = NULL, response_header_values = NULL, response_body = NULL"
     };
 }
 
@@ -374,13 +371,7 @@ impl PostgresStore {
         let Some(completions) = &self.completions else {
             return self.fenced(lease, write).await;
         };
-        let item = CompletionItem {
-            slot: Slot::new(&lease.caller, &lease.key),
-            lease: lease.clone(),
-            response: response.clone(),
-            policy: self.policy,
-            effect: CompletionEffect::Nothing,
-        };
+        let item = CompletionItem::new(lease, response.clone(), self.policy, CompletionEffect::Nothing);
         let batched = match completions.submit(item).await {
             // Safe to send again: a completion already saved by this token
             // is applied, not saved twice.

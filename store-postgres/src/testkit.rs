@@ -212,12 +212,13 @@ pub async fn complete_with_rows_in_one_batch(
         .collect();
     let items = completions
         .into_iter()
-        .map(|completion| CompletionItem {
-            slot: Slot::new(&completion.lease.caller, &completion.lease.key),
-            lease: completion.lease,
-            response: completion.response,
-            policy: *store.policy(),
-            effect: CompletionEffect::Row(completion.row),
+        .map(|completion| {
+            CompletionItem::new(
+                &completion.lease,
+                completion.response,
+                *store.policy(),
+                CompletionEffect::Row(completion.row),
+            )
         })
         .collect();
     let runner = CompletionBatchRunner {
@@ -244,12 +245,8 @@ pub async fn complete_in_one_batch(
 ) -> Vec<(&'static str, Result<Fenced, StoreError>)> {
     let items = completions
         .iter()
-        .map(|(lease, response)| CompletionItem {
-            slot: Slot::new(&lease.caller, &lease.key),
-            lease: lease.clone(),
-            response: response.clone(),
-            policy: *store.policy(),
-            effect: CompletionEffect::Nothing,
+        .map(|(lease, response)| {
+            CompletionItem::new(lease, response.clone(), *store.policy(), CompletionEffect::Nothing)
         })
         .collect();
     let runner = CompletionBatchRunner {

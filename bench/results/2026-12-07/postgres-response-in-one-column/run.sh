@@ -24,7 +24,7 @@ for build in before after; do
     [ "$build" = before ] && bench=${BENCH_BEFORE:?}
     psql "${url%/*}/postgres" -XAtqc "CREATE DATABASE size_$build"
     "$bench" preload --store-kind postgres --postgres-url "${url%/*}/size_$build" --records "$records" --seed 1 2>&1 |
-        tail -1
+        grep -E "written in|bytes after"
     psql "${url%/*}/size_$build" -XAtF ' ' -c "SELECT '$build:', \
         'table', pg_relation_size('idempotency_keys') / $records, \
         'primary key', pg_relation_size('idempotency_keys_pkey') / $records, \
