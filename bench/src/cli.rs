@@ -47,6 +47,8 @@ pub enum Command {
     StoreServer(crate::store_server::StoreServerArgs),
     /// Read the folders scripts/day-of-keys wrote and print their markdown tables (the day of keys per backend, or the growth curve with its extrapolation to 172.8M records); draw each run's store size and service memory over time (day-of-keys.svg).
     DayReport(crate::day_report::DayReportArgs),
+    /// Measure this machine's own fdatasync latency and list its stalls: a file appended to and synced at --rate per second, no store in the way. A durable store waits on every fdatasync, so run it beside a load test.
+    Disk(crate::disk::DiskArgs),
 }
 
 /// `idem-bench chart`: saved reports in, one SVG out.

@@ -1,5 +1,5 @@
 //! The commands: `store`, `http`, `compare`, `preload`, `chart`,
-//! `store-server` and `day-report`.
+//! `store-server`, `day-report` and `disk`.
 
 use crate::cli::{ChartArgs, Cli, Command, CompareArgs, CompareMode, OutputArgs, StoreArgs};
 use crate::engine::PlanError;
@@ -36,6 +36,8 @@ pub enum BenchError {
     StoreServer(#[from] crate::store_server::StoreServerError),
     #[error(transparent)]
     DayReport(#[from] crate::day_report::DayReportError),
+    #[error(transparent)]
+    Disk(#[from] crate::disk::DiskProbeError),
 }
 
 /// Runs one command. A SIGINT or SIGTERM ends it early with a partial
@@ -57,6 +59,7 @@ pub async fn run(cli: Cli) -> ExitCode {
             .map(|()| ExitCode::SUCCESS)
             .map_err(BenchError::from),
         Command::DayReport(args) => day_report(&args),
+        Command::Disk(args) => disk(&args).await,
     };
     match (result, interrupt::global().interruption()) {
         (Ok(_), Some(interruption)) => ExitCode::from(interruption.signal.exit_code()),
@@ -176,6 +179,19 @@ async fn preload(args: crate::preload::PreloadArgs) -> Result<ExitCode, BenchErr
 /// Prints the report of day-of-keys folders (its charts are written into them).
 fn day_report(args: &crate::day_report::DayReportArgs) -> Result<ExitCode, BenchError> {
     print!("{}", crate::day_report::run(args)?);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Probes the disk; prints the figures and writes the JSON report.
+async fn disk(args: &crate::disk::DiskArgs) -> Result<ExitCode, BenchError> {
+    let mut report = crate::disk::run(args).await?;
+    report.interrupted = interrupt::global().interruption();
+    report.warnings = leftover_service_warnings().to_vec();
+    print!("{}", crate::disk::render(&report));
+    if let Some(path) = &args.json {
+        report.write_json(path)?;
+        eprintln!("report written to {}", path.display());
+    }
     Ok(ExitCode::SUCCESS)
 }
 

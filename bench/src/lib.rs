@@ -18,6 +18,8 @@
 //!   from the stores' harnesses, kept for a script's several steps.
 //! - [`day_report`]: `day-report`, the tables and charts of
 //!   `scripts/day-of-keys` runs.
+//! - [`disk`]: `disk`, the machine's own fdatasync latency and its stalls,
+//!   with no store in the way.
 //! - [`interrupt`]: Ctrl-C and SIGTERM end a run early with a partial report.
 //! - [`output`], [`chart`], [`progress`]: tables, JSON, SVG, progress bar.
 //! - [`targets`]: the performance targets of BENCHMARKS.md, checked against what a run measured.
@@ -27,6 +29,7 @@ pub mod cli;
 pub mod commands;
 pub mod compare;
 pub mod day_report;
+pub mod disk;
 pub mod engine;
 pub mod http_mode;
 pub mod intent;
