@@ -15,7 +15,7 @@
 
 use crate::interrupt::{self, INTERRUPT_POLL_MS, Interruption};
 use crate::machine::Machine;
-use crate::output::OutputError;
+use crate::output::{self, OutputError};
 use crate::recorder::{HISTOGRAM_DIGITS, latency_histogram, micros};
 use clap::Args;
 use hdrhistogram::Histogram;
@@ -203,11 +203,7 @@ pub struct Stall {
 
 impl DiskReport {
     pub fn write_json(&self, path: &Path) -> Result<(), OutputError> {
-        let text = serde_json::to_string_pretty(self)?;
-        std::fs::write(path, text).map_err(|source| OutputError::Write {
-            path: path.display().to_string(),
-            source,
-        })
+        output::write_json_file(self, path)
     }
 }
 

@@ -97,11 +97,7 @@ impl Report {
     }
 
     pub fn write_json(&self, path: &Path) -> Result<(), OutputError> {
-        let text = serde_json::to_string_pretty(self)?;
-        std::fs::write(path, text).map_err(|source| OutputError::Write {
-            path: path.display().to_string(),
-            source,
-        })
+        write_json_file(self, path)
     }
 
     /// A report an earlier run wrote with `--json`.
@@ -370,4 +366,13 @@ pub fn render_ramp(name: &str, ramp: &RampReport) -> String {
         ramp.settings.slo_p99_ms,
         table.render()
     )
+}
+
+/// Writes `value` to `path` as pretty-printed JSON: every report's `--json`.
+pub fn write_json_file<T: Serialize>(value: &T, path: &Path) -> Result<(), OutputError> {
+    let text = serde_json::to_string_pretty(value)?;
+    std::fs::write(path, text).map_err(|source| OutputError::Write {
+        path: path.display().to_string(),
+        source,
+    })
 }
