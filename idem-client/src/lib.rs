@@ -8,9 +8,10 @@
 //! - [`RetryPolicy`]: at most N attempts, capped exponential backoff with
 //!   full jitter, `Retry-After` honoured (seconds or an HTTP date),
 //!   `Prefer: wait` on retries, a deadline per attempt and one per intent.
-//! - [`RetryBudget`]: a token bucket shared by one client's intents (the
-//!   AWS SDKs' standard retry mode), so an outage stops the retries instead
-//!   of multiplying them.
+//! - [`RetryBudget`]: retries at most a fifth of the intents one client
+//!   started in the last ten seconds, plus a small reserve (Finagle's retry
+//!   budget), so an outage stops the retries instead of multiplying them,
+//!   while a short stall at any rate is retried through.
 //! - [`AnswerClass`]: every answer classified as the design's status table
 //!   says (201 done, a replay done, 409 retried, 422 and 400 never retried,
 //!   5xx, timeouts and connection errors retried, other 4xx not).
@@ -41,8 +42,8 @@ pub use answer::{
     RETRY_AFTER_MS_HEADER, RetryAfter, is_replayed, wait_was_applied,
 };
 pub use budget::{
-    BudgetError, RETRY_BUDGET_TOKENS_DEFAULT, RETRY_BUDGET_TOKENS_LIMIT, RETRY_COST_TOKENS, RETRY_TIMEOUT_COST_TOKENS,
-    RetryBudget, SUCCESS_REFUND_TOKENS,
+    BudgetError, RETRY_BUDGET_RESERVE_DEFAULT, RETRY_BUDGET_RESERVE_LIMIT, RETRY_BUDGET_SHARE_PERCENT_DEFAULT,
+    RETRY_BUDGET_WINDOW_S, RetryBudget,
 };
 pub use client::{
     BuildError, Done, IdemClient, IdemClientBuilder, IntentError, PROBLEM_CODE_CHARS_MAX, Problem, RESPONSE_BYTES_MAX,

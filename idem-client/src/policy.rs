@@ -57,7 +57,7 @@ pub enum RetryAfterUse {
 /// What a retry does when the budget cannot pay for it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WhenBudgetEmpty {
-    /// The intent gives up (the AWS SDKs' standard mode).
+    /// The intent gives up (Finagle's and the AWS SDKs' clients do).
     GiveUp,
     /// The retry waits the longest backoff more and goes ahead unpaid, as a
     /// service that puts the intent back on its queue for later instead of

@@ -64,19 +64,17 @@ pub struct IntentRetry<'a> {
     deadline: Instant,
     /// Attempts planned so far.
     attempts: u32,
-    /// Tokens this intent's retries took from the budget.
-    spent: u64,
 }
 
 impl<'a> IntentRetry<'a> {
-    /// An intent starting at `now`.
+    /// An intent starting at `now`, which earns the budget its share of a retry.
     pub fn new(policy: &'a RetryPolicy, budget: &'a RetryBudget, now: Instant) -> Self {
+        budget.intent_started(now);
         Self {
             policy,
             budget,
             deadline: now + policy.intent_timeout,
             attempts: 0,
-            spent: 0,
         }
     }
 
@@ -113,10 +111,6 @@ impl<'a> IntentRetry<'a> {
         wall_now: SystemTime,
     ) -> Step {
         debug_assert!(self.attempts >= 1, "an answer follows an attempt");
-        if let AnswerClass::Done { .. } = answer {
-            self.budget.refund(self.spent);
-            return Step::Finish;
-        }
         if !answer.is_retried() {
             return Step::Finish;
         }
@@ -128,10 +122,10 @@ impl<'a> IntentRetry<'a> {
         if now + pause >= self.deadline {
             return Step::GiveUp(GiveUpReason::DeadlineExceeded);
         }
-        match (self.budget.try_take(answer), self.policy.when_budget_empty) {
-            (Some(cost), _) => self.spent += cost,
-            (None, WhenBudgetEmpty::GiveUp) => return Step::GiveUp(GiveUpReason::BudgetExhausted),
-            (None, WhenBudgetEmpty::WaitBackoffCap) => pause += self.policy.backoff_cap,
+        match (self.budget.try_take(now), self.policy.when_budget_empty) {
+            (true, _) => {}
+            (false, WhenBudgetEmpty::GiveUp) => return Step::GiveUp(GiveUpReason::BudgetExhausted),
+            (false, WhenBudgetEmpty::WaitBackoffCap) => pause += self.policy.backoff_cap,
         }
         Step::Retry { pause }
     }
@@ -206,7 +200,7 @@ mod tests {
 
     #[test]
     fn an_empty_budget_gives_up_or_slows_down_as_the_policy_says() {
-        let budget = RetryBudget::with_tokens(2 * crate::budget::RETRY_COST_TOKENS).unwrap();
+        let budget = RetryBudget::share_of_intents(0, 2).unwrap();
         assert_eq!(
             run_to_end(&policy(), &budget, BUSY),
             (3, Step::GiveUp(GiveUpReason::BudgetExhausted))
@@ -301,20 +295,23 @@ mod tests {
     }
 
     #[test]
-    fn a_success_gives_back_what_its_retries_cost() {
-        let budget = RetryBudget::default();
+    fn each_intent_earns_its_share_and_each_retry_spends_one() {
+        let budget = RetryBudget::share_of_intents(50, 0).unwrap();
         let now = Instant::now();
         let policy = policy();
-        let mut retry = IntentRetry::new(&policy, &budget, now);
-        retry.next_attempt(now).unwrap();
+        let mut first = IntentRetry::new(&policy, &budget, now);
+        let _second = IntentRetry::new(&policy, &budget, now);
+        assert_eq!(budget.retries_left(now), 1, "two intents at 50 % earn one retry");
+        first.next_attempt(now).unwrap();
         assert!(matches!(
-            retry.after(&AnswerClass::Timeout, None, now, SystemTime::now()),
+            first.after(&AnswerClass::Timeout, None, now, SystemTime::now()),
             Step::Retry { .. }
         ));
-        assert_eq!(budget.tokens(), crate::budget::RETRY_BUDGET_TOKENS_DEFAULT - 10);
-        retry.next_attempt(now).unwrap();
-        let done = AnswerClass::Done { replayed: true };
-        assert_eq!(retry.after(&done, None, now, SystemTime::now()), Step::Finish);
-        assert_eq!(budget.tokens(), crate::budget::RETRY_BUDGET_TOKENS_DEFAULT);
+        assert_eq!(budget.retries_left(now), 0);
+        first.next_attempt(now).unwrap();
+        assert_eq!(
+            first.after(&AnswerClass::Timeout, None, now, SystemTime::now()),
+            Step::GiveUp(GiveUpReason::BudgetExhausted)
+        );
     }
 }

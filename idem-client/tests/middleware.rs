@@ -5,9 +5,7 @@
 //! `client` suite; this covers what it cannot be made to send (an HTTP-date
 //! `Retry-After`, a 500, a 404).
 
-use idem_client::{
-    GiveUpReason, IdemClient, IntentError, IntentKey, ManualClock, RETRY_COST_TOKENS, RetryBudget, RetryPolicy,
-};
+use idem_client::{GiveUpReason, IdemClient, IntentError, IntentKey, ManualClock, RetryBudget, RetryPolicy};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -167,7 +165,7 @@ async fn other_5xx_are_retried_and_other_4xx_are_not() {
 #[tokio::test]
 async fn a_shared_budget_stops_the_retries_of_every_intent() {
     let (url, seen) = scripted_peer(vec![answer("503 Service Unavailable", &[("retry-after", "1")], "")]).await;
-    let budget = Arc::new(RetryBudget::with_tokens(3 * RETRY_COST_TOKENS).unwrap());
+    let budget = Arc::new(RetryBudget::share_of_intents(0, 3).unwrap());
     let clock = Arc::new(ManualClock::default());
     let policy = RetryPolicy::builder().attempts_max(10).build().unwrap();
     let client = IdemClient::builder(url)
@@ -310,7 +308,7 @@ fn metrics_count_attempts_retries_replays_budget_and_outcomes_and_each_intent_is
         tracing::subscriber::with_default(subscriber, || {
             runtime.block_on(async {
                 let (url, _) = scripted_peer(vec![unavailable.clone(), created(true), unavailable]).await;
-                let budget = Arc::new(RetryBudget::with_tokens(2 * RETRY_COST_TOKENS).unwrap());
+                let budget = Arc::new(RetryBudget::share_of_intents(0, 3).unwrap());
                 let client = IdemClient::builder(url)
                     .budget(budget)
                     .clock(Arc::new(ManualClock::default()))

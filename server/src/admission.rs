@@ -789,20 +789,26 @@ impl Drop for QueuePlace<'_> {
 }
 
 /// A worker for `caller`, or the 503 a shed request gets (counted by
-/// reason): `deadline_exceeded` when its own deadline was the limit, else
-/// `overloaded`, whose `Retry-After-Ms` fits what was seen. A queue that
-/// still empties (a stall, a burst) is empty again within CoDel's interval,
-/// so a client need not wait a whole `Retry-After` second; a standing queue
-/// is overload, and there the client waits the full `Retry-After`.
+/// reason): `deadline_exceeded` when its deadline has passed (its client
+/// has gone), else `overloaded`, whose `Retry-After-Ms` fits what was seen.
+/// A queue that still empties (a stall, a burst) is empty again within
+/// CoDel's interval, so a client need not wait a whole `Retry-After`
+/// second; a standing queue is overload, and there the client waits the
+/// full `Retry-After`. A request shed because its deadline would pass in
+/// the queue gets `overloaded` too: its client is still waiting, and a
+/// whole second's wait would turn a 300 ms stall into a 1.3 s intent
+/// (BENCHMARKS.md, "Retry budgets").
 async fn admit_or_shed(seat: Arc<Seat>, retry_after_s: u64) -> Result<Worker, ApiError> {
     let admission = seat.admission.clone();
+    let deadline = seat.deadline;
     admission.admit_into(seat).await.map_err(|shed| {
         metrics::counter!(ADMISSION_SHED_TOTAL, "reason" => shed.label()).increment(1);
-        if shed == Shed::Deadline {
+        let now = Instant::now();
+        if shed == Shed::Deadline && deadline.is_some_and(|deadline| deadline <= now) {
             return ApiError::from(IdempotencyError::DeadlineExceeded { retry_after_s });
         }
         let longest = Duration::from_secs(retry_after_s);
-        let retry_after = admission.pool.codel.retry_after(Instant::now(), longest);
+        let retry_after = admission.pool.codel.retry_after(now, longest);
         let retry_after_ms = u64::try_from(retry_after.as_millis()).unwrap_or(u64::MAX);
         ApiError::Overloaded {
             retry_after_s,
@@ -1252,6 +1258,39 @@ mod tests {
         };
         let (admitted, ()) = tokio::join!(waiting, freed);
         admitted.expect("admitted within its 50 ms to spare");
+    }
+
+    /// A client still waiting is told how long the queue has stood
+    /// (`overloaded`, `Retry-After-Ms`), not a whole second; one whose
+    /// deadline has passed is told `deadline_exceeded`.
+    #[tokio::test(start_paused = true)]
+    async fn a_deadline_shed_answers_overloaded_while_its_client_waits_and_deadline_exceeded_after() {
+        let admission = Admission::new(&config(1, 10));
+        admission.pool.work_time.record(Duration::from_millis(40));
+        let seat = |deadline_ms: u64| {
+            let deadline = Instant::now() + Duration::from_millis(deadline_ms);
+            Seat::new(admission.clone(), "a".to_owned(), Some(deadline))
+        };
+        let _busy = admission.admit_into(seat(1_000)).await.expect("a free worker");
+        let waiting = admit_or_shed(seat(30), 1).await.map(drop).unwrap_err();
+        assert!(
+            matches!(
+                waiting,
+                ApiError::Overloaded {
+                    retry_after_s: 1,
+                    retry_after_ms: Some(100)
+                }
+            ),
+            "{waiting:?}"
+        );
+        let gone = admit_or_shed(seat(0), 1).await.map(drop).unwrap_err();
+        assert!(
+            matches!(
+                gone,
+                ApiError::Idempotency(IdempotencyError::DeadlineExceeded { retry_after_s: 1 })
+            ),
+            "{gone:?}"
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -45,12 +45,12 @@ pub const PREFER_WAIT_S_MAX: u64 = 300;
 #[serde(rename_all = "kebab-case")]
 pub enum ClientProfile {
     /// The design's client and the default (idem-client's default,
-    /// docs/design.md "retries must not multiply an outage"), as mature SDKs
-    /// retry: waits at least the server's `Retry-After`, full jitter, and a
-    /// retry quota shared by the whole client (the AWS SDKs' standard retry
-    /// mode), so an overloaded server sees fewer retries, not more. When the
-    /// quota is empty the intent gives up, as the AWS SDKs' standard mode
-    /// does, and counts as lost.
+    /// docs/design.md "retries must not multiply an outage"), as mature
+    /// clients retry: waits at least the server's `Retry-After`, full
+    /// jitter, and a retry budget shared by the whole client (a fifth of
+    /// the intents of the last ten seconds, Finagle's retry budget), so an
+    /// overloaded server sees a fifth more requests at most, not a multiple.
+    /// When the budget is empty the intent gives up and counts as lost.
     Standard,
     /// As standard, but when the quota is empty a retry waits the longest
     /// backoff more and goes ahead unpaid, as a service that puts the

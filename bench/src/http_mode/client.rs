@@ -109,7 +109,7 @@ impl ClientSettings {
     }
 
     /// The retry budget of a client with these settings: the polite and
-    /// standard profiles' token bucket, or none (every retry paid) for the
+    /// standard profiles' share of recent intents, or none (every retry paid) for the
     /// aggressive one.
     fn budget(&self) -> RetryBudget {
         match self.profile {
@@ -1083,7 +1083,10 @@ mod tests {
             "--backoff-cap-ms",
             "70",
         ]);
-        assert_eq!(polite.budget().tokens(), idem_client::RETRY_BUDGET_TOKENS_DEFAULT);
+        assert_eq!(
+            polite.budget().retries_left(Instant::now()),
+            u64::from(idem_client::RETRY_BUDGET_RESERVE_DEFAULT)
+        );
         assert_eq!(polite.policy.backoff_ceiling(5), Duration::from_millis(70));
         let quota = polite.budget();
         let now = Instant::now();
@@ -1099,7 +1102,7 @@ mod tests {
         };
         assert!(pause >= Duration::from_secs(2), "{pause:?}");
         let aggressive = settings(&["--client-profile", "aggressive"]);
-        assert_eq!(aggressive.budget().tokens(), u64::MAX, "no budget");
+        assert_eq!(aggressive.budget().retries_left(now), u64::MAX, "no budget");
         let quota = aggressive.budget();
         let mut retry = IntentRetry::new(&aggressive.policy, &quota, now);
         retry.next_attempt(now).unwrap();
@@ -1111,8 +1114,7 @@ mod tests {
 
     #[test]
     fn with_its_retry_quota_empty_the_polite_profile_retries_later_and_the_standard_one_gives_up() {
-        // A retry costs more than the one token this quota holds.
-        let empty = RetryBudget::with_tokens(1).unwrap();
+        let empty = RetryBudget::share_of_intents(0, 0).unwrap();
         let now = Instant::now();
         let busy = Answer::Status {
             status: 503,
@@ -1130,7 +1132,10 @@ mod tests {
         );
         let standard = settings(&[]);
         assert_eq!(standard.profile, ClientProfile::Standard, "the default");
-        assert_eq!(standard.budget().tokens(), idem_client::RETRY_BUDGET_TOKENS_DEFAULT);
+        assert_eq!(
+            standard.budget().retries_left(now),
+            u64::from(idem_client::RETRY_BUDGET_RESERVE_DEFAULT)
+        );
         let mut retry = IntentRetry::new(&standard.policy, &empty, now);
         retry.next_attempt(now).unwrap();
         let step = retry.after(&busy.class(), None, now, SystemTime::now());

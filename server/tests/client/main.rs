@@ -16,9 +16,7 @@
 //! it sold. The binary is built with failpoints (the server's
 //! dev-dependency on itself), which park or stall a request at a step.
 
-use idem_client::{
-    GiveUpReason, IdemClient, IntentError, IntentKey, ManualClock, RETRY_COST_TOKENS, RetryBudget, RetryPolicy,
-};
+use idem_client::{GiveUpReason, IdemClient, IntentError, IntentKey, ManualClock, RetryBudget, RetryPolicy};
 use server::carrier::{CarrierStats, read_stats};
 use server::failpoints::{AFTER_CARRIER, AFTER_CLAIM, AFTER_COMMIT};
 use std::sync::Arc;
@@ -301,7 +299,7 @@ async fn shedding_service() -> (Service, ServerProcess, tokio::task::JoinHandle<
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn against_a_service_that_sheds_everything_the_budget_runs_out_and_the_client_gives_up() {
     let (service, _process, parked) = shedding_service().await;
-    let budget = Arc::new(RetryBudget::with_tokens(3 * RETRY_COST_TOKENS).unwrap());
+    let budget = Arc::new(RetryBudget::share_of_intents(0, 3).unwrap());
     let client = IdemClient::builder(&service.url)
         .bearer_token(ALICE)
         .policy(policy().attempts_max(50).build().unwrap())
