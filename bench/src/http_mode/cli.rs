@@ -1,5 +1,6 @@
 //! The command line of http mode.
 
+use super::connection_pool::PoolOrder;
 use crate::cli::{BackendArgs, LoadArgs, OutputArgs};
 use clap::{Args, ValueEnum};
 use std::path::PathBuf;
@@ -103,6 +104,12 @@ pub struct FulfilmentArgs {
     /// that gets none in time counts as a timeout that never reached the server.
     #[arg(long, default_value_t = CONNECTIONS_MAX_DEFAULT)]
     pub connections_max: usize,
+    /// Which waiting attempt gets a connection that comes free: the oldest
+    /// while the queue still empties and the newest once it has stood for
+    /// 100 ms (adaptive-lifo, as the service's admission queue), or always
+    /// the oldest (fifo).
+    #[arg(long, value_enum, default_value_t = PoolOrder::AdaptiveLifo)]
+    pub pool_order: PoolOrder,
     /// First backoff after a timeout, a connection error, 409 or 5xx, in milliseconds (doubles per attempt, full jitter).
     #[arg(long, default_value_t = BACKOFF_MS_BASE_DEFAULT)]
     pub backoff_base_ms: u64,

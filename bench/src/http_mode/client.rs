@@ -19,6 +19,7 @@
 //! label id an intent received is kept ([`IntentLog`]), for the audit.
 
 use super::cli::{CONNECTIONS_MAX_LIMIT, ClientProfile, FulfilmentArgs, KeyMode, PREFER_WAIT_S_MAX};
+use super::connection_pool::{ConnectionPool, PoolOrder};
 use crate::engine::Workload;
 use crate::intent::{Intent, LABELS_PATH, RunIds};
 use crate::recorder::{Outcome, latency_histogram, micros};
@@ -32,7 +33,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
-use tokio::sync::{Notify, Semaphore, mpsc};
+use tokio::sync::{Notify, mpsc};
 
 /// The request header of RFC 7240 preferences.
 pub const PREFER_HEADER: &str = idem_client::PREFER_HEADER;
@@ -81,6 +82,8 @@ pub struct ClientSettings {
     pub attempts_max: u32,
     /// Requests on the wire at once: the connection pool's bound.
     pub connections_max: usize,
+    /// Which waiting attempt gets a connection that comes free.
+    pub pool_order: PoolOrder,
     pub backoff_base: Duration,
     pub backoff_cap: Duration,
     pub duplicate_share: f64,
@@ -184,6 +187,7 @@ impl ClientSettings {
             deadline: Duration::from_millis(args.deadline_ms),
             attempts_max: args.attempts_max,
             connections_max: args.connections_max,
+            pool_order: args.pool_order,
             backoff_base,
             backoff_cap,
             duplicate_share: args.duplicate_share,
@@ -596,8 +600,8 @@ struct CopyResult {
 /// The Fulfilment client as a [`Workload`]: operation `index` is intent `index`.
 pub struct FulfilmentClient {
     http: reqwest::Client,
-    /// One permit per request on the wire ([`ClientSettings::connections_max`]).
-    connections: Arc<Semaphore>,
+    /// One place per request on the wire ([`ClientSettings::connections_max`]).
+    connections: Arc<ConnectionPool>,
     settings: ClientSettings,
     ids: RunIds,
     pub counts: Arc<AttemptCounts>,
@@ -618,7 +622,7 @@ impl FulfilmentClient {
         let quota = Arc::new(settings.budget());
         Ok(Self {
             http,
-            connections: Arc::new(Semaphore::new(settings.connections_max)),
+            connections: ConnectionPool::new(settings.connections_max, settings.pool_order),
             settings,
             ids,
             counts: Arc::new(AttemptCounts::default()),
@@ -720,7 +724,7 @@ struct IntentCopy {
     /// 0, or 1 for the second copy of an intent sent twice.
     copy_number: u32,
     http: reqwest::Client,
-    connections: Arc<Semaphore>,
+    connections: Arc<ConnectionPool>,
     settings: ClientSettings,
     counts: Arc<AttemptCounts>,
     quota: Arc<RetryBudget>,
@@ -813,7 +817,7 @@ impl IntentCopy {
     ) -> Replied {
         // A connection from the bounded pool, within the attempt's deadline.
         let waited_from = Instant::now();
-        let Ok(Ok(_connection)) = tokio::time::timeout(deadline, self.connections.acquire()).await else {
+        let Some(_connection) = self.connections.acquire(deadline).await else {
             return Replied::unanswered(Answer::Timeout, None);
         };
         let deadline = deadline.saturating_sub(waited_from.elapsed());
@@ -968,7 +972,7 @@ mod tests {
         let client = FulfilmentClient::new(settings, RunIds::random()).unwrap();
         let copy = client.copy(client.ids.intent(0), 0);
         let url = client.settings.labels_urls[0].clone();
-        let taken = client.connections.clone().acquire_owned().await.unwrap();
+        let taken = client.connections.acquire(Duration::ZERO).await.unwrap();
         let deadline = client.settings.deadline;
         let waited = copy.send(&url, "key-0", b"{}", deadline, None).await;
         assert_eq!(waited.answer, Answer::Timeout);

@@ -5,6 +5,7 @@ pub mod audit;
 pub mod carrier;
 pub mod cli;
 pub mod client;
+pub mod connection_pool;
 pub mod costs;
 pub mod metrics;
 pub mod overload;
