@@ -24,8 +24,7 @@ use tokio::time::Instant;
 pub const STANDING_INTERVAL: Duration = Duration::from_millis(100);
 
 /// Who gets a connection that comes free while attempts wait for one.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "kebab-case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum PoolOrder {
     /// The oldest waiter, always.
     Fifo,

@@ -28,3 +28,22 @@ for title, suffix in runs:
             100 * overload["wasted_work_share"], 100 * sum(trigger) / len(trigger),
             "{:,}".format(sum(phase["lost"] for phase in phases)),
         ))
+
+# overload-and-steady.sh: the overload profile's goodput per phase, and the
+# design-peak run's rate, latency and lost intents.
+print()
+for number, order in [(1, "fifo"), (2, "adaptive-lifo"), (3, "adaptive-lifo"), (4, "fifo")]:
+    overload = json.load(open(f"overload-embedded-{order}-{number}.json"))["http"][0]["overload"]
+    print("| overload, embedded, co-located | %s (%d) | %s | %s |" % (
+        order, number,
+        " / ".join("{:,.0f} ({:.0%})".format(p["goodput_per_s"], p["goodput_share_of_capacity"]) for p in overload["phases"]),
+        "{:,}".format(sum(p["lost"] for p in overload["phases"])),
+    ))
+print()
+for number, order in [(1, "fifo"), (2, "adaptive-lifo"), (3, "adaptive-lifo"), (4, "fifo")]:
+    run = json.load(open(f"steady-embedded-{order}-{number}.json"))["http"][0]
+    latency = run["open_loop"]["latency"]
+    print("| 2,000/s for 60 s, embedded, co-located | %s (%d) | %s/s | %.1f / %.0f / %.0f ms | %s |" % (
+        order, number, "{:,.0f}".format(run["open_loop"]["achieved_rate_per_s"]),
+        latency["p50_ms"], latency["p99_ms"], latency["p999_ms"], "{:,}".format(run["audit"]["lost"]),
+    ))
