@@ -35,11 +35,12 @@ async fn derived_keys_survive_lost_replies_and_duplicates_with_a_clean_audit() {
             .iter()
             .all(|check| check["agrees"] == true)
     );
-    // The run names its client: the design's, by default.
+    // The run names its client: the design's, by default, and its pool's order.
     assert_eq!(http["client_profile"], "standard", "{}", http["client_profile"]);
+    assert_eq!(http["pool_order"], "adaptive-lifo", "{}", http["pool_order"]);
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(
-        stdout.contains("(derived keys, standard client) audit PASSED"),
+        stdout.contains("(derived keys, standard client, adaptive-lifo pool) audit PASSED"),
         "{stdout}"
     );
     service.running.shutdown().await.unwrap();

@@ -24,12 +24,22 @@ use tokio::time::Instant;
 pub const STANDING_INTERVAL: Duration = Duration::from_millis(100);
 
 /// Who gets a connection that comes free while attempts wait for one.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum PoolOrder {
     /// The oldest waiter, always.
     Fifo,
     /// The oldest while the queue still empties, the newest once it stands.
     AdaptiveLifo,
+}
+
+impl std::fmt::Display for PoolOrder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            PoolOrder::Fifo => "fifo",
+            PoolOrder::AdaptiveLifo => "adaptive-lifo",
+        })
+    }
 }
 
 /// A bounded pool of permits, one per request on the wire.

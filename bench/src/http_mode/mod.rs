@@ -20,6 +20,7 @@ use crate::report::{RunSummary, Table};
 use audit::{AnswerCounts, AuditInput, AuditReport, audit};
 use cli::{ClientProfile, FulfilmentArgs, HttpArgs, KeyMode, Profile};
 use client::{ClientError, ClientSettings, FulfilmentClient, PreferWaitReport, answered_409};
+use connection_pool::PoolOrder;
 use costs::{CostMeter, ProcessCpu};
 use overload::{OverloadReport, ServiceSampler, run_overload};
 use serde::{Deserialize, Serialize};
@@ -149,6 +150,10 @@ pub struct HttpReport {
     /// written before the report named it.
     #[serde(default)]
     pub client_profile: Option<ClientProfile>,
+    /// Who got a connection that came free (`--pool-order`); absent in
+    /// reports written before the report named it.
+    #[serde(default)]
+    pub pool_order: Option<PoolOrder>,
     pub url: String,
     pub notes: Vec<String>,
     pub open_loop: Option<RunSummary>,
@@ -178,6 +183,7 @@ impl HttpReport {
             store_kind: run.store_kind_name(),
             key_mode: run.fulfilment.key_mode,
             client_profile: Some(run.fulfilment.client_profile),
+            pool_order: Some(run.fulfilment.pool_order),
             url: server.base_urls.join(" "),
             notes: server.spawned.as_ref().map(|s| s.notes.clone()).unwrap_or_default(),
             open_loop: None,
@@ -202,7 +208,11 @@ impl HttpReport {
             self.key_mode,
             self.client_profile
                 .map(|profile| format!(", {profile} client"))
-                .unwrap_or_default(),
+                .unwrap_or_default()
+                + &self
+                    .pool_order
+                    .map(|order| format!(", {order} pool"))
+                    .unwrap_or_default(),
             self.audit.intents,
             self.audit.intents_sent_twice,
             self.audit.labelled_exactly_once,
