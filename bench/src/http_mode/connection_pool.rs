@@ -147,8 +147,9 @@ impl ConnectionPool {
             if waiter.handover.send(()).is_ok() {
                 return;
             }
-            // Its attempt was dropped while it waited (its place's drop had
-            // not run yet): the next waiter gets the connection.
+            // Not expected: a place leaves the queue (its drop, under this
+            // lock) before its receiver is dropped. Should a receiver be gone
+            // anyway, the connection goes to the next waiter, never lost.
         }
     }
 }
