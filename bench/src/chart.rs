@@ -510,6 +510,7 @@ mod tests {
             admitted_p50_ms: 0.0,
             admitted_p99_ms: 0.0,
             shed_attempts: 0,
+            unsent_attempts: 0,
             lost: 0,
             duplicated: 0,
         }
@@ -525,6 +526,7 @@ mod tests {
                 admitted_p50_ms: 5.0,
                 admitted_p99_ms: if second == 4 { 0.0 } else { 20.0 },
                 shed: second,
+                unsent: 0,
                 wasted_work_share: (second != 0).then_some(0.1),
                 service_mean_ms: Some(2.0),
             })

@@ -6,7 +6,7 @@
 //! Pure logic over what the client logged and what the server and carrier
 //! report, so every rule is tested without a server.
 
-use super::client::IntentEntry;
+use super::client::{IntentEntry, NO_CONNECTION_KIND};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -92,6 +92,9 @@ impl AnswerCounts {
                 "201_created" => counts.first_runs += count,
                 "201_replayed" => counts.replays += count,
                 "timeout" | "transport_error" => unanswered += count,
+                // Never sent (no connection from the client's pool in time):
+                // nothing for the server to have answered.
+                NO_CONNECTION_KIND => {}
                 other if other.starts_with("409") => counts.in_progress_409 += count,
                 other if other.starts_with("422") => counts.mismatch_422 += count,
                 other if other.starts_with("503") => counts.unavailable_503 += count,
@@ -484,6 +487,29 @@ mod tests {
         });
         assert!(
             report.problems.iter().any(|p| p.contains("first runs <= intents")),
+            "{:?}",
+            report.problems
+        );
+    }
+
+    #[test]
+    fn an_attempt_never_sent_leaves_no_room_for_an_extra_server_answer() {
+        let (intents, mut client, server) = clean_run();
+        let carrier = carrier_for(&intents, &[]);
+        // The attempt the clean run saw time out got no connection instead:
+        // the server's one answer more than the client saw has no attempt.
+        client.remove("timeout");
+        client.insert(NO_CONNECTION_KIND.to_owned(), 1);
+        let report = audit(&AuditInput {
+            intents: &intents,
+            client_kinds: &client,
+            carrier: Some(&carrier),
+            server: Some(&server),
+        });
+        assert!(!report.passed);
+        assert_eq!((report.attempts, report.unanswered_attempts), (7, 0));
+        assert!(
+            report.problems.iter().any(|p| p.contains("in progress (409)")),
             "{:?}",
             report.problems
         );

@@ -45,6 +45,8 @@ pub const ATTEMPTS_LIMIT: u32 = idem_client::ATTEMPTS_LIMIT;
 const IDLE_CONNECTIONS_MAX: usize = 4_096;
 /// Longest `Retry-After` the client honours; a longer one is cut to this.
 pub const RETRY_AFTER_S_MAX: u64 = 30;
+/// The attempt counter of [`Answer::NoConnection`].
+pub const NO_CONNECTION_KIND: &str = "no_connection";
 /// The bench gives an intent no deadline of its own: a copy runs until its
 /// attempts are spent ([`ClientSettings::copy_time_max`] bounds it).
 const INTENT_TIMEOUT_MS: u64 = idem_client::TIMEOUT_MS_LIMIT;
@@ -212,6 +214,9 @@ pub enum Answer {
     },
     /// No answer within the deadline: the request may or may not have run.
     Timeout,
+    /// No connection from the client's own pool within the deadline: the
+    /// request was never sent, so the service neither admitted nor shed it.
+    NoConnection,
     /// The connection failed before or while sending.
     Transport,
 }
@@ -220,6 +225,11 @@ impl Answer {
     /// 503 `overloaded`: admission control shed the attempt.
     pub fn is_shed(&self) -> bool {
         matches!(self, Answer::Status { status: 503, code: Some(code) } if code == "overloaded")
+    }
+
+    /// The attempt never left the client (see [`Answer::NoConnection`]).
+    pub fn is_unsent(&self) -> bool {
+        matches!(self, Answer::NoConnection)
     }
 
     /// The counter this answer goes to.
@@ -233,6 +243,7 @@ impl Answer {
             } => format!("{status}_{code}"),
             Answer::Status { status, code: None } => status.to_string(),
             Answer::Timeout => "timeout".into(),
+            Answer::NoConnection => NO_CONNECTION_KIND.into(),
             Answer::Transport => "transport_error".into(),
         }
     }
@@ -242,7 +253,10 @@ impl Answer {
         match self {
             Answer::Created { replayed, .. } => AnswerClass::Done { replayed: *replayed },
             Answer::Status { status, .. } => AnswerClass::of_status(*status, false),
-            Answer::Timeout => AnswerClass::Timeout,
+            // To the client's retry decision a pool wait that used up the
+            // deadline is a timeout like any other: its retry is paid for
+            // from the same budget.
+            Answer::Timeout | Answer::NoConnection => AnswerClass::Timeout,
             Answer::Transport => AnswerClass::Connection,
         }
     }
@@ -384,8 +398,9 @@ pub fn answered_409(kinds: &BTreeMap<String, u64>) -> u64 {
 }
 
 /// Answers to attempts, second by second since the client started: the
-/// latency of every admitted attempt (anything but 503 `overloaded`) and the
-/// count of shed ones, for the overload profile's phases and recovery time.
+/// latency of every admitted attempt (sent, and not answered 503
+/// `overloaded`), the count of shed ones and of those never sent, for the
+/// overload profile's phases and recovery time.
 #[derive(Debug)]
 pub struct AttemptTimeline {
     start: Instant,
@@ -398,6 +413,8 @@ pub struct TimelineSecond {
     /// Latency of admitted attempts, in microseconds.
     pub admitted: Histogram<u64>,
     pub shed: u64,
+    /// Attempts that got no connection from the client's pool in time.
+    pub unsent: u64,
     /// Attempts answered with a label (first run or replay).
     pub labelled: u64,
 }
@@ -441,6 +458,7 @@ impl AttemptTimeline {
             seconds.push(TimelineSecond {
                 admitted,
                 shed: 0,
+                unsent: 0,
                 labelled: 0,
             });
         }
@@ -450,6 +468,8 @@ impl AttemptTimeline {
         }
         if answer.is_shed() {
             bucket.shed += 1;
+        } else if answer.is_unsent() {
+            bucket.unsent += 1;
         } else {
             let latency_us = u64::try_from(sent.elapsed().as_micros()).unwrap_or(u64::MAX);
             bucket
@@ -818,7 +838,7 @@ impl IntentCopy {
         // A connection from the bounded pool, within the attempt's deadline.
         let waited_from = Instant::now();
         let Some(_connection) = self.connections.acquire(deadline).await else {
-            return Replied::unanswered(Answer::Timeout, None);
+            return Replied::unanswered(Answer::NoConnection, None);
         };
         let deadline = deadline.saturating_sub(waited_from.elapsed());
         let mut request = self
@@ -975,7 +995,7 @@ mod tests {
         let taken = client.connections.acquire(Duration::ZERO).await.unwrap();
         let deadline = client.settings.deadline;
         let waited = copy.send(&url, "key-0", b"{}", deadline, None).await;
-        assert_eq!(waited.answer, Answer::Timeout);
+        assert_eq!(waited.answer, Answer::NoConnection);
         assert_eq!(
             accepted.load(Ordering::SeqCst),
             0,
@@ -1055,8 +1075,28 @@ mod tests {
     }
 
     #[test]
+    fn the_timeline_counts_an_attempt_never_sent_apart_from_the_admitted() {
+        let timeline = AttemptTimeline::default();
+        let sent = timeline.start();
+        let shed = Answer::Status {
+            status: 503,
+            code: Some("overloaded".into()),
+        };
+        for answer in [Answer::Timeout, Answer::NoConnection, Answer::NoConnection, shed] {
+            timeline.record(sent, &answer);
+        }
+        let seconds = timeline.snapshot();
+        assert_eq!(
+            (seconds[0].admitted.len(), seconds[0].unsent, seconds[0].shed),
+            (1, 2, 1),
+            "a timeout on the wire is admitted; a pool wait that used the deadline is not"
+        );
+    }
+
+    #[test]
     fn answers_are_retried_as_idem_client_classifies_them() {
         assert!(Answer::Timeout.class().is_retried());
+        assert!(Answer::NoConnection.class().is_retried());
         assert!(Answer::Transport.class().is_retried());
         for status in [409, 500, 502, 503] {
             assert!(Answer::Status { status, code: None }.class().is_retried(), "{status}");

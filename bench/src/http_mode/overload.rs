@@ -9,8 +9,10 @@
 //!
 //! Per phase it reports the goodput (intents started in the phase that got a
 //! label, per second of the phase), the p99 of admitted attempts (every
-//! answer but 503 `overloaded`, by the second the attempt was sent), the
-//! attempts shed, and the intents lost and duplicated; and how long after
+//! attempt sent and not answered 503 `overloaded`, by the second the
+//! attempt was sent), the attempts shed, those never sent (no connection
+//! from the client's pool within their deadline: a queue of the client's,
+//! not the service's), and the intents lost and duplicated; and how long after
 //! the overload ended the per-second p99 of admitted attempts was back under
 //! the objective for [`RECOVERY_STEADY_S`] seconds in a row.
 
@@ -77,6 +79,11 @@ pub struct SecondReport {
     pub admitted_p50_ms: f64,
     pub admitted_p99_ms: f64,
     pub shed: u64,
+    /// Attempts that got no connection from the client's pool within their
+    /// deadline: never sent, so neither admitted nor shed (absent in older
+    /// reports, whose admitted figures counted them at their deadline).
+    #[serde(default)]
+    pub unsent: u64,
     /// Of the service's requests whose work ended in this second, the share
     /// whose client had already given up (`None`: no sample).
     pub wasted_work_share: Option<f64>,
@@ -111,6 +118,9 @@ pub struct PhaseReport {
     pub admitted_p50_ms: f64,
     pub admitted_p99_ms: f64,
     pub shed_attempts: u64,
+    /// As [`SecondReport::unsent`], over the phase.
+    #[serde(default)]
+    pub unsent_attempts: u64,
     pub lost: u64,
     pub duplicated: u64,
 }
@@ -286,6 +296,7 @@ fn second_reports(
                 admitted_p50_ms: figures.admitted.value_at_quantile(0.50) as f64 / 1_000.0,
                 admitted_p99_ms: figures.admitted.value_at_quantile(0.99) as f64 / 1_000.0,
                 shed: figures.shed,
+                unsent: figures.unsent,
                 wasted_work_share: wasted_share(samples.get(second), samples.get(second + 1)),
                 service_mean_ms: service_mean_ms(samples.get(second), samples.get(second + 1)),
             }
@@ -414,6 +425,7 @@ fn phase_report(span: &PhaseSpan, capacity: f64, timeline: &[TimelineSecond], in
         admitted_p50_ms: admitted.value_at_quantile(0.50) as f64 / 1_000.0,
         admitted_p99_ms: admitted.value_at_quantile(0.99) as f64 / 1_000.0,
         shed_attempts: window.iter().map(|second| second.shed).sum(),
+        unsent_attempts: window.iter().map(|second| second.unsent).sum(),
         lost: in_phase.iter().filter(|entry| entry.labels.is_empty()).count() as u64,
         duplicated: in_phase.iter().filter(|entry| entry.labels.len() > 1).count() as u64,
     }
@@ -451,6 +463,7 @@ impl OverloadReport {
             "admitted p50",
             "admitted p99",
             "shed",
+            "unsent",
             "lost",
             "duplicated",
         ]);
@@ -463,6 +476,7 @@ impl OverloadReport {
                 ms(phase.admitted_p50_ms),
                 ms(phase.admitted_p99_ms),
                 phase.shed_attempts.to_string(),
+                phase.unsent_attempts.to_string(),
                 phase.lost.to_string(),
                 phase.duplicated.to_string(),
             ]);
@@ -491,6 +505,7 @@ impl OverloadReport {
             "admitted p50",
             "admitted p99",
             "shed",
+            "unsent",
             "wasted work",
             "service mean",
         ]);
@@ -502,6 +517,7 @@ impl OverloadReport {
                 ms(second.admitted_p50_ms),
                 ms(second.admitted_p99_ms),
                 second.shed.to_string(),
+                second.unsent.to_string(),
                 share(second.wasted_work_share),
                 second.service_mean_ms.map_or_else(|| "-".to_owned(), ms),
             ]);
@@ -535,6 +551,7 @@ mod tests {
         TimelineSecond {
             admitted,
             shed,
+            unsent: 0,
             labelled: 0,
         }
     }
