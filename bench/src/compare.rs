@@ -186,6 +186,7 @@ pub fn render_summary(report: &Report) -> String {
         "of capacity",
         "admitted p99",
         "shed",
+        "unsent",
         "lost",
         "dup",
     ]);
@@ -226,6 +227,7 @@ pub fn render_summary(report: &Report) -> String {
                     format!("{:.0}%", phase.goodput_share_of_capacity * 100.0),
                     ms(phase.admitted_p99_ms),
                     phase.shed_attempts.to_string(),
+                    phase.unsent_attempts.to_string(),
                     phase.lost.to_string(),
                     phase.duplicated.to_string(),
                 ]);

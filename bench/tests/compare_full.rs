@@ -65,6 +65,10 @@ fn a_full_comparison_runs_every_phase_and_prints_the_one_table() {
     assert!(http[1]["ramp"].is_object());
     let phases = http[2]["overload"]["phases"].as_array().unwrap();
     assert_eq!(phases.len(), 4, "1x, 2x, 3x, 1x");
+    assert!(
+        phases.iter().all(|phase| phase["unsent_attempts"].is_u64()),
+        "each phase counts the attempts never sent: {phases:?}"
+    );
     for run in http {
         assert_eq!(run["audit"]["passed"], true, "{}", run["audit"]);
     }
