@@ -350,6 +350,21 @@ mod tests {
         pairs.iter().map(|(kind, count)| ((*kind).to_owned(), *count)).collect()
     }
 
+    /// The audit of a run whose carrier and server counts are both known.
+    fn audited(
+        intents: &[IntentEntry],
+        client: &BTreeMap<String, u64>,
+        carrier: &CarrierStats,
+        server: &AnswerCounts,
+    ) -> AuditReport {
+        audit(&AuditInput {
+            intents,
+            client_kinds: client,
+            carrier: Some(carrier),
+            server: Some(server),
+        })
+    }
+
     fn clean_run() -> (Vec<IntentEntry>, BTreeMap<String, u64>, AnswerCounts) {
         let intents: Vec<IntentEntry> = (0..4).map(|index| entry(index, &[&format!("L{index}")])).collect();
         let client = kinds(&[
@@ -372,12 +387,7 @@ mod tests {
     fn a_clean_run_passes() {
         let (intents, client, server) = clean_run();
         let carrier = carrier_for(&intents, &[]);
-        let report = audit(&AuditInput {
-            intents: &intents,
-            client_kinds: &client,
-            carrier: Some(&carrier),
-            server: Some(&server),
-        });
+        let report = audited(&intents, &client, &carrier, &server);
         assert!(report.passed, "{:?}", report.problems);
         assert_eq!(report.labelled_exactly_once, 4);
         assert_eq!(report.attempts, 8);
@@ -389,12 +399,7 @@ mod tests {
         let (mut intents, client, server) = clean_run();
         intents[2].labels.insert("L-second".into());
         let carrier = carrier_for(&intents, &[]);
-        let report = audit(&AuditInput {
-            intents: &intents,
-            client_kinds: &client,
-            carrier: Some(&carrier),
-            server: Some(&server),
-        });
+        let report = audited(&intents, &client, &carrier, &server);
         assert!(!report.passed);
         assert_eq!(report.duplicate_labels, 1);
         assert!(
@@ -408,12 +413,7 @@ mod tests {
     fn a_parcel_bought_twice_fails_the_audit_even_with_one_label_seen() {
         let (intents, client, server) = clean_run();
         let carrier = carrier_for(&intents, &[(1, 1)]);
-        let report = audit(&AuditInput {
-            intents: &intents,
-            client_kinds: &client,
-            carrier: Some(&carrier),
-            server: Some(&server),
-        });
+        let report = audited(&intents, &client, &carrier, &server);
         assert!(!report.passed);
         assert_eq!((report.parcels_bought_twice, report.extra_purchases), (1, 1));
         assert_eq!(report.duplicate_labels, 0);
@@ -424,12 +424,7 @@ mod tests {
         let (intents, client, server) = clean_run();
         let mut carrier = carrier_for(&intents, &[]);
         carrier.purchases_by_key.insert("carrier:other".into(), 2);
-        let report = audit(&AuditInput {
-            intents: &intents,
-            client_kinds: &client,
-            carrier: Some(&carrier),
-            server: Some(&server),
-        });
+        let report = audited(&intents, &client, &carrier, &server);
         assert_eq!(report.carrier_keys_bought_twice, 1);
         assert!(!report.passed);
     }
@@ -446,12 +441,7 @@ mod tests {
             in_progress_409: 2,
             ..AnswerCounts::default()
         };
-        let report = audit(&AuditInput {
-            intents: &intents,
-            client_kinds: &client,
-            carrier: Some(&carrier),
-            server: Some(&server),
-        });
+        let report = audited(&intents, &client, &carrier, &server);
         assert_eq!(report.lost, 1);
         assert!(!report.passed);
     }
@@ -462,12 +452,7 @@ mod tests {
         let carrier = carrier_for(&intents, &[]);
         // Two 409s more than the client saw, with only one attempt unanswered.
         server.in_progress_409 = 4;
-        let report = audit(&AuditInput {
-            intents: &intents,
-            client_kinds: &client,
-            carrier: Some(&carrier),
-            server: Some(&server),
-        });
+        let report = audited(&intents, &client, &carrier, &server);
         assert!(!report.passed);
         assert!(
             report.problems.iter().any(|p| p.contains("in progress (409)")),
@@ -479,12 +464,7 @@ mod tests {
         let (_, _, mut server) = clean_run();
         server.first_runs = 5;
         server.in_progress_409 = 2;
-        let report = audit(&AuditInput {
-            intents: &intents,
-            client_kinds: &client,
-            carrier: Some(&carrier),
-            server: Some(&server),
-        });
+        let report = audited(&intents, &client, &carrier, &server);
         assert!(
             report.problems.iter().any(|p| p.contains("first runs <= intents")),
             "{:?}",
@@ -500,12 +480,7 @@ mod tests {
         // the server's one answer more than the client saw has no attempt.
         client.remove("timeout");
         client.insert(NO_CONNECTION_KIND.to_owned(), 1);
-        let report = audit(&AuditInput {
-            intents: &intents,
-            client_kinds: &client,
-            carrier: Some(&carrier),
-            server: Some(&server),
-        });
+        let report = audited(&intents, &client, &carrier, &server);
         assert!(!report.passed);
         assert_eq!((report.attempts, report.unanswered_attempts), (7, 0));
         assert!(
@@ -528,14 +503,7 @@ mod tests {
             ("409_request_in_progress", 2),
             (first_answer, 1),
         ]);
-        let input = |server: &AnswerCounts| {
-            audit(&AuditInput {
-                intents: &intents,
-                client_kinds: &client,
-                carrier: Some(&carrier),
-                server: Some(server),
-            })
-        };
+        let input = |server: &AnswerCounts| audited(&intents, &client, &carrier, server);
         let report = input(&with);
         assert!(report.passed, "{:?}", report.problems);
         let report = input(&without);
